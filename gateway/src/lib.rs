@@ -1,0 +1,1 @@
+//! Fenced page storage.

@@ -1,0 +1,26 @@
+//! Real services for tests, never mocks.
+//!
+//! Each service runs from its Debian package on a free port with its data in a
+//! temp dir, is waited for with a bounded retry (its log goes into the panic
+//! message when it does not come up), and is killed and reaped on drop. Every
+//! one offers the controls chaos tests need: kill (a crash), start again on the
+//! same port and data, and pause/resume (SIGSTOP/SIGCONT of its process group).
+//!
+//! # Layout
+//! - [`process`]: one child process, spawned so that it dies with the test binary.
+//! - [`postgres`]: PostgreSQL, plus [`fresh_database`] (one new database per test).
+//! - [`redis`]: redis-server, with or without persistence.
+//! - [`mariadb`]: MariaDB, plus [`fresh_mysql_database`].
+//! - [`zookeeper`]: ZooKeeper, standalone.
+
+pub mod mariadb;
+pub mod postgres;
+pub mod process;
+pub mod redis;
+pub mod zookeeper;
+
+pub use mariadb::{fresh_mysql_database, MariaDb};
+pub use postgres::{fresh_database, Postgres};
+pub use process::{free_port, wait_until, ServiceProcess};
+pub use redis::{Persistence, Redis};
+pub use zookeeper::ZooKeeper;

@@ -1,0 +1,248 @@
+//! One child process of a real service, with the controls chaos tests need.
+//!
+//! Every child is spawned from one long-lived thread with `PR_SET_PDEATHSIG`, so
+//! a test binary that exits (or panics, or is killed) takes its servers with it:
+//! nothing is left listening after the suite. Each child leads its own process
+//! group, so pause/resume reach every process of a service (PostgreSQL forks a
+//! backend per connection).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// The thread that spawns every child. Linux sends the parent-death signal when
+/// the *thread* that forked the child exits, so it must be one that never does.
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("harness-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(spawn_with_pdeathsig(&mut cmd));
+                }
+                // The channel lives in a static and is never closed; park just in case.
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("spawn harness thread");
+        Mutex::new(tx)
+    })
+}
+
+#[allow(unsafe_code)]
+fn spawn_with_pdeathsig(cmd: &mut Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2),
+    // which is async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
+    cmd.spawn()
+}
+
+/// A recipe for starting a service's process again after it was stopped.
+pub struct Recipe {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Run as this user (PostgreSQL refuses to run as root).
+    pub user: Option<(u32, u32)>,
+    pub log: PathBuf,
+}
+
+impl Recipe {
+    fn command(&self) -> std::io::Result<Command> {
+        use std::os::unix::process::CommandExt;
+        let log = File::options().create(true).append(true).open(&self.log)?;
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0);
+        if let Some((uid, gid)) = self.user {
+            cmd.uid(uid).gid(gid);
+        }
+        Ok(cmd)
+    }
+}
+
+/// A running (or stopped) service process. Killed and reaped on drop.
+pub struct ServiceProcess {
+    name: String,
+    recipe: Recipe,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl ServiceProcess {
+    /// Start the process now. Readiness is the caller's business.
+    pub fn spawn(name: impl Into<String>, recipe: Recipe) -> std::io::Result<Self> {
+        let mut me = Self {
+            name: name.into(),
+            recipe,
+            child: None,
+            paused: false,
+        };
+        me.start()?;
+        Ok(me)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.recipe.log
+    }
+
+    /// The last `n` lines of the service's log, for panic messages.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.recipe.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Start the process again with the same arguments (same port, same data dir).
+    pub fn start(&mut self) -> std::io::Result<()> {
+        if self.is_running() {
+            return Ok(());
+        }
+        let cmd = self.recipe.command()?;
+        let (tx, rx) = mpsc::channel();
+        spawner()
+            .lock()
+            .expect("spawner lock")
+            .send((cmd, tx))
+            .expect("spawner thread alive");
+        let child = rx.recv().expect("spawner replies")?;
+        self.child = Some(child);
+        self.paused = false;
+        Ok(())
+    }
+
+    /// Send a signal to the whole process group of the service.
+    pub fn signal(&self, signal: Signal) {
+        if let Some(pid) = self.pid() {
+            let _ = killpg(Pid::from_raw(pid as i32), signal);
+        }
+    }
+
+    /// SIGKILL: a crash. Nothing is flushed, nothing is said to clients.
+    pub fn kill(&mut self) {
+        if self.paused {
+            self.signal(Signal::SIGCONT);
+        }
+        self.signal(Signal::SIGKILL);
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.paused = false;
+    }
+
+    /// SIGTERM and wait up to `grace` for a clean exit, then SIGKILL.
+    pub async fn stop(&mut self, grace: Duration) {
+        if self.paused {
+            self.resume();
+        }
+        self.signal(Signal::SIGTERM);
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.is_running() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.kill();
+    }
+
+    /// SIGSTOP on every process of the service: it keeps its sockets but answers nothing.
+    pub fn pause(&mut self) {
+        self.signal(Signal::SIGSTOP);
+        self.paused = true;
+    }
+
+    pub fn resume(&mut self) {
+        self.signal(Signal::SIGCONT);
+        self.paused = false;
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port")
+}
+
+/// Poll `probe` until it succeeds or `timeout` passes. Returns the last error on timeout.
+pub async fn wait_until<F, Fut, T, E>(timeout: Duration, mut probe: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut delay = Duration::from_millis(20);
+    loop {
+        match probe().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(250));
+            }
+        }
+    }
+}
+
+/// Find an executable: on PATH, or in one of the fallback directories Debian uses.
+pub fn find_binary(name: &str, fallbacks: &[&str]) -> PathBuf {
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+    }
+    for dir in fallbacks {
+        let candidate = Path::new(dir).join(name);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "`{name}` not found on PATH or in {fallbacks:?}; install the Debian package \
+         (see .ci/run, which installs everything the tests need)"
+    )
+}
