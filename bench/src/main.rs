@@ -1,0 +1,33 @@
+//! `cargo run --release -p bench -- <what>`: each subcommand starts its own
+//! real services, measures the project's code and the limit (or peer) in the
+//! same run, and prints a Markdown table for `docs/BENCHMARKS.md`.
+//!
+//! # Layout
+//! - `stats.rs`: samples, quantiles, medians.
+//! - `gateway.rs`: fenced PUTs through the gateway beside pgbench running the same SQL.
+//! - `locks.rs`: Redis and lease-table backends beside redis-benchmark, pgbench and Python's redis Lock.
+//! - `zookeeper.rs`: the ZooKeeper lock beside kazoo and raw create/delete.
+//! - `redlock.rs`: Redlock N=3/5 beside the single instance and rslock.
+
+mod gateway;
+mod locks;
+mod redlock;
+mod stats;
+mod zookeeper;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Benchmarks, each beside the limit measured in the same run")]
+struct Cli {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Subcommand)]
+enum What {}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.what {}
+}

@@ -1,0 +1,92 @@
+//! Latency samples and the figures quoted from them.
+
+use std::time::Duration;
+
+/// The outcome of one measured run: how many operations in how long, and each
+/// operation's latency.
+#[derive(Debug, Clone, Default)]
+pub struct Run {
+    pub ops: u64,
+    pub elapsed: Duration,
+    pub latencies: Vec<Duration>,
+}
+
+impl Run {
+    pub fn per_sec(&self) -> f64 {
+        if self.elapsed.is_zero() {
+            return 0.0;
+        }
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The `q` quantile (0.0..=1.0) of the latencies, nearest-rank.
+    pub fn quantile(&self, q: f64) -> Duration {
+        quantile(&self.latencies, q)
+    }
+
+    pub fn p50(&self) -> Duration {
+        self.quantile(0.50)
+    }
+
+    pub fn p99(&self) -> Duration {
+        self.quantile(0.99)
+    }
+}
+
+/// Nearest-rank quantile of unsorted samples; zero for no samples.
+pub fn quantile(samples: &[Duration], q: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let rank = ((q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Median of repeated figures (runs are repeated because the machine is noisy).
+pub fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// `min..max` of repeated figures, for the spread column.
+pub fn spread(values: &[f64]) -> (f64, f64) {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (min, max)
+}
+
+/// Milliseconds with two decimals, for tables.
+pub fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let s: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(quantile(&s, 0.5), Duration::from_millis(50));
+        assert_eq!(quantile(&s, 0.99), Duration::from_millis(99));
+        assert_eq!(quantile(&s, 1.0), Duration::from_millis(100));
+        assert_eq!(quantile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn median_of_even_and_odd() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}
