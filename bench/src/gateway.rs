@@ -1,1 +1,457 @@
-//! Placeholder: being written.
+//! `cargo run --release -p bench -- gateway`: fenced PUTs through the gateway
+//! beside pgbench running the gateway's own statement ([`gateway::store::FENCED_ACCESS`])
+//! against the same database, at the same client counts, in the same run.
+//!
+//! Both sides write a random page out of `--pages` with one fencing token per
+//! run (an equal token is accepted, so every request is an accepted fenced
+//! write: row lock, fence check, new body and version, history row). Tokens
+//! increase from run to run. The gateway runs in this process (its own tokio
+//! tasks) and is driven by keep-alive HTTP/1.1 connections.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use gateway::Fencing;
+
+use crate::stats::{median, ms, spread, Run};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Seconds per measured run.
+    #[arg(long, default_value_t = 5)]
+    secs: u64,
+    /// Runs per system and client count (figures are medians).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Client counts (HTTP connections for the gateway, pgbench clients).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    clients: Vec<usize>,
+    /// How many pages the writes are spread over.
+    #[arg(long, default_value_t = 1000)]
+    pages: u64,
+    /// Gateway pool size.
+    #[arg(long, default_value_t = 32)]
+    pool: u32,
+    /// Do not rewrite the Gateway section of docs/BENCHMARKS.md.
+    #[arg(long)]
+    no_write: bool,
+}
+
+const BODY_LEN: usize = 100;
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let pg = harness::Postgres::start().await;
+    let url = pg.create_database().await;
+    let db = url.rsplit('/').next().context("database name")?.to_owned();
+    let gw = gateway::spawn_with(&url, Fencing::Enforce, args.pool).await?;
+    let base = gw.url();
+    let body = "x".repeat(BODY_LEN);
+    let dir = tempfile::tempdir()?;
+    let script = write_pgbench_script(dir.path(), args.pages)?;
+    let mut token = 1_u64;
+
+    eprintln!("seeding {} pages", args.pages);
+    let client = http_client(32)?;
+    for id in 1..=args.pages {
+        put(&client, &base, id, token, &body).await?;
+    }
+
+    eprintln!("warming up");
+    gateway_run(&base, 8, Duration::from_secs(1), args.pages, token, &body).await?;
+    pgbench_run(&pg_args(&pg, &db), &script, dir.path(), 8, 1, token, &body).await?;
+
+    let mut rows = Vec::new();
+    for &c in &args.clients {
+        rows.push(Row {
+            clients: c,
+            gateway: Vec::new(),
+            pgbench: Vec::new(),
+        });
+    }
+    for r in 0..args.repeats {
+        for row in rows.iter_mut() {
+            token += 1;
+            let secs = Duration::from_secs(args.secs);
+            let g = gateway_run(&base, row.clients, secs, args.pages, token, &body).await?;
+            let p = pgbench_run(
+                &pg_args(&pg, &db),
+                &script,
+                dir.path(),
+                row.clients,
+                args.secs,
+                token,
+                &body,
+            )
+            .await?;
+            eprintln!(
+                "run {}/{} c={:>2}: gateway {:>8.0}/s  pgbench {:>8.0}/s",
+                r + 1,
+                args.repeats,
+                row.clients,
+                g.per_sec(),
+                p.per_sec()
+            );
+            row.gateway.push(g);
+            row.pgbench.push(p);
+        }
+    }
+    gw.shutdown().await?;
+
+    let table = table(&rows);
+    println!("{table}");
+    if !args.no_write {
+        let section = section_text(&args, &table)?;
+        write_section(&section)?;
+        eprintln!("wrote the Gateway section of docs/BENCHMARKS.md");
+    }
+    Ok(())
+}
+
+struct Row {
+    clients: usize,
+    gateway: Vec<Run>,
+    pgbench: Vec<Run>,
+}
+
+fn pg_args(pg: &harness::Postgres, db: &str) -> Vec<String> {
+    vec![
+        "-h".into(),
+        "127.0.0.1".into(),
+        "-p".into(),
+        pg.port().to_string(),
+        "-U".into(),
+        "postgres".into(),
+        "-d".into(),
+        db.into(),
+    ]
+}
+
+fn http_client(connections: usize) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .pool_max_idle_per_host(connections)
+        .tcp_nodelay(true)
+        .timeout(Duration::from_secs(30))
+        .build()?)
+}
+
+async fn put(
+    client: &reqwest::Client,
+    base: &str,
+    id: u64,
+    token: u64,
+    body: &str,
+) -> anyhow::Result<()> {
+    let resp = client
+        .put(format!("{base}/pages/{id}"))
+        .header("Fencing-Token", token)
+        .header("Client-Id", "bench")
+        .json(&serde_json::json!({ "body": body }))
+        .send()
+        .await?;
+    if !resp.status().is_success() {
+        bail!(
+            "PUT /pages/{id}: {} {}",
+            resp.status(),
+            resp.text().await.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// `clients` connections, each PUTting random pages back to back for `secs`.
+async fn gateway_run(
+    base: &str,
+    clients: usize,
+    secs: Duration,
+    pages: u64,
+    token: u64,
+    body: &str,
+) -> anyhow::Result<Run> {
+    let client = http_client(clients)?;
+    let failures = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + secs;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (client, base, body, failures) = (
+            client.clone(),
+            base.to_owned(),
+            body.to_owned(),
+            failures.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut rng = XorShift(0x9e37_79b9_7f4a_7c15 ^ (c as u64 + 1));
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let id = rng.next() % pages + 1;
+                let t0 = Instant::now();
+                match put(&client, &base, id, token, &body).await {
+                    Ok(()) => latencies.push(t0.elapsed()),
+                    Err(_) => {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await?);
+    }
+    let elapsed = start.elapsed();
+    let failed = failures.load(Ordering::Relaxed);
+    if failed > 0 {
+        bail!("{failed} gateway PUTs failed");
+    }
+    Ok(Run {
+        ops: latencies.len() as u64,
+        elapsed,
+        latencies,
+    })
+}
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// The gateway's statement with pgbench variables for its parameters.
+/// `$6` (If-Match) is NULL on both sides; comment lines are dropped because
+/// pgbench would substitute `:names` inside them too.
+fn pgbench_sql() -> String {
+    let mut sql: String = gateway::store::FENCED_ACCESS
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (param, var) in [
+        ("$8", ":client"),
+        ("$7", ":enforce"),
+        ("$6", "null"),
+        ("$5", ":issuer"),
+        ("$4", ":tok"),
+        ("$3", ":body"),
+        ("$2", ":method"),
+        ("$1", ":id"),
+    ] {
+        sql = sql.replace(param, var);
+    }
+    sql
+}
+
+fn write_pgbench_script(dir: &Path, pages: u64) -> anyhow::Result<PathBuf> {
+    let path = dir.join("fenced_put.sql");
+    std::fs::write(
+        &path,
+        format!("\\set id random(1, {pages})\n{};\n", pgbench_sql()),
+    )?;
+    Ok(path)
+}
+
+async fn pgbench_run(
+    conn: &[String],
+    script: &Path,
+    dir: &Path,
+    clients: usize,
+    secs: u64,
+    token: u64,
+    body: &str,
+) -> anyhow::Result<Run> {
+    let log_dir = tempfile::tempdir_in(dir)?;
+    let prefix = log_dir.path().join("tx");
+    let out = tokio::process::Command::new(harness::postgres::pgbench())
+        .args(conn)
+        .args(["-n", "-M", "prepared", "-l"])
+        .arg(format!("--log-prefix={}", prefix.display()))
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            &clients.min(2).to_string(),
+        ])
+        .args(["-T", &secs.to_string()])
+        .args([
+            "-D",
+            "method=PUT",
+            "-D",
+            &format!("body={body}"),
+            "-D",
+            &format!("tok={token}"),
+        ])
+        .args([
+            "-D",
+            "issuer=default",
+            "-D",
+            "enforce=true",
+            "-D",
+            "client=pgbench",
+        ])
+        .arg("-f")
+        .arg(script)
+        .output()
+        .await
+        .context("run pgbench")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "pgbench failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let failed = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("number of failed transactions: "))
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or("0");
+    if failed != "0" {
+        bail!("pgbench had failed transactions: {stdout}");
+    }
+    // Per-transaction log lines: client_id transaction_no latency_us script_no epoch epoch_us
+    let mut latencies = Vec::new();
+    let mut first = u64::MAX;
+    let mut last = 0_u64;
+    for entry in std::fs::read_dir(log_dir.path())? {
+        let text = std::fs::read_to_string(entry?.path())?;
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 {
+                continue;
+            }
+            let latency_us: u64 = f[2].parse()?;
+            let end_us = f[4].parse::<u64>()? * 1_000_000 + f[5].parse::<u64>()?;
+            first = first.min(end_us.saturating_sub(latency_us));
+            last = last.max(end_us);
+            latencies.push(Duration::from_micros(latency_us));
+        }
+    }
+    if latencies.is_empty() {
+        bail!("pgbench logged no transactions: {stdout}");
+    }
+    // Throughput over the span the transactions actually ran (pgbench's own
+    // tps line excludes connection time the same way).
+    Ok(Run {
+        ops: latencies.len() as u64,
+        elapsed: Duration::from_micros(last - first),
+        latencies,
+    })
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut t = String::from(
+        "| connections | gateway PUT/s (median, min..max) | gateway p50 / p99 ms | pgbench tx/s (median, min..max) | pgbench p50 / p99 ms | gateway / pgbench |\n\
+         |---:|---:|---:|---:|---:|---:|\n",
+    );
+    for row in rows {
+        let g: Vec<f64> = row.gateway.iter().map(Run::per_sec).collect();
+        let p: Vec<f64> = row.pgbench.iter().map(Run::per_sec).collect();
+        let (g_min, g_max) = spread(&g);
+        let (p_min, p_max) = spread(&p);
+        let q = |runs: &[Run], f: fn(&Run) -> Duration| {
+            let v: Vec<f64> = runs.iter().map(|r| f(r).as_secs_f64()).collect();
+            ms(Duration::from_secs_f64(median(&v)))
+        };
+        t.push_str(&format!(
+            "| {} | {:.0} ({:.0}..{:.0}) | {} / {} | {:.0} ({:.0}..{:.0}) | {} / {} | {:.2}× |\n",
+            row.clients,
+            median(&g),
+            g_min,
+            g_max,
+            q(&row.gateway, Run::p50),
+            q(&row.gateway, Run::p99),
+            median(&p),
+            p_min,
+            p_max,
+            q(&row.pgbench, Run::p50),
+            q(&row.pgbench, Run::p99),
+            median(&g) / median(&p),
+        ));
+    }
+    t
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cpus} CPUs (`nproc`), {model}")
+}
+
+fn section_text(args: &Args, table: &str) -> anyhow::Result<String> {
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let clients: Vec<String> = args.clients.iter().map(usize::to_string).collect();
+    Ok(format!(
+        "Command: `cargo run --release -p bench -- gateway` \
+         (here: `--secs {} --repeats {} --clients {} --pages {} --pool {}`)\n\n\
+         Machine: {}. Date: {date}. PostgreSQL 15 from Debian, private server started by the \
+         bench (`fsync=off`), the gateway in the bench's process with a pool of {}, and \
+         pgbench and the HTTP client on the same machine: everything shares the same cores.\n\n\
+         Each request is an accepted fenced write of a random page out of {} (100-byte body, \
+         one token per run, equal tokens accepted): one statement \
+         (`gateway/src/sql/fenced_access.sql`) doing the row lock, fence check, write and \
+         history row. pgbench runs that same statement (`-M prepared`, If-Match parameter \
+         NULL as in the gateway's requests) with the same client counts against the same \
+         database, alternating with the gateway runs. Figures are medians of {} runs of {} s.\n\n\
+         {table}",
+        args.secs,
+        args.repeats,
+        clients.join(","),
+        args.pages,
+        args.pool,
+        machine(),
+        args.pool,
+        args.pages,
+        args.repeats,
+        args.secs,
+    ))
+}
+
+const HEADING: &str = "## Gateway: fenced PUT vs pgbench running the same SQL";
+
+/// Replace the body of the Gateway section, leaving the other sections alone.
+fn write_section(body: &str) -> anyhow::Result<()> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/BENCHMARKS.md");
+    let text = std::fs::read_to_string(&path)?;
+    let start = text
+        .find(HEADING)
+        .context("Gateway heading in docs/BENCHMARKS.md")?
+        + HEADING.len();
+    let end = text[start..]
+        .find("\n## ")
+        .map_or(text.len(), |i| start + i + 1);
+    // Keep any hand-written notes after the generated part (marked by a line
+    // starting with "Notes:").
+    let old = &text[start..end];
+    let notes = old
+        .find("\nNotes:")
+        .map(|i| old[i..].trim_end().to_owned() + "\n")
+        .unwrap_or_default();
+    let new = format!(
+        "{}{HEADING}\n\n{}\n{notes}\n{}",
+        &text[..start - HEADING.len()],
+        body.trim_end(),
+        &text[end..]
+    );
+    std::fs::write(&path, new)?;
+    Ok(())
+}

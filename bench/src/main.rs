@@ -25,9 +25,21 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum What {}
+enum What {
+    /// Redis and lease-table locks beside redis-benchmark, pgbench, mariadb-slap and Python's redis Lock.
+    Locks(locks::Args),
+    /// Fenced PUTs through the gateway beside pgbench running the same SQL.
+    Gateway(gateway::Args),
+    /// Redlock N=3/5 beside the single-instance lock, rslock and bare round trips.
+    Redlock(redlock::Args),
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.what {}
+    let runtime = tokio::runtime::Runtime::new()?;
+    match cli.what {
+        What::Locks(args) => runtime.block_on(locks::run(args)),
+        What::Gateway(args) => runtime.block_on(gateway::run(args)),
+        What::Redlock(args) => runtime.block_on(redlock::run(args)),
+    }
 }

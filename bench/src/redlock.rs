@@ -1,1 +1,225 @@
-//! Placeholder: being written.
+//! Redlock with N = 3 and N = 5 beside the single-instance Redis lock, beside
+//! `rslock` (the Rust Redlock crate users find first on crates.io), and beside
+//! the limit: the bare `SET NX PX` then `DEL` round trips to the same N nodes
+//! with no lock logic at all. All in one run, on the same redis-servers.
+//!
+//! One operation is one uncontended acquire followed by its release, issued by
+//! `--clients` concurrent tasks on distinct lock names over one shared client
+//! per contender (how a worker process uses it). Each contender runs for
+//! `--seconds`, the contenders take turns, and the whole round is repeated
+//! `--runs` times; the table quotes medians.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::future::join_all;
+use harness::Redis;
+use tokio::time::Instant;
+use worker::lock::redis::RedisLock;
+use worker::lock::redlock::Redlock;
+use worker::lock::{AcquireOptions, LockService};
+
+use crate::stats::{median, ms, spread, Run};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Seconds each contender runs, per run.
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    /// Repetitions of the whole round (medians are quoted).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Concurrent tasks, each on its own lock name.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// Lock TTL in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    ttl_ms: u64,
+}
+
+/// Who is measured.
+#[derive(Clone)]
+enum Contender {
+    Limit(Vec<redis::aio::MultiplexedConnection>),
+    Single(Arc<RedisLock>),
+    Ours(Arc<Redlock>),
+    Rslock(rslock::LockManager),
+}
+
+impl Contender {
+    async fn once(&self, name: &str, ttl: Duration) -> anyhow::Result<()> {
+        match self {
+            Contender::Limit(conns) => {
+                let ttl_ms = ttl.as_millis() as u64;
+                let set = join_all(conns.iter().map(|c| {
+                    let mut c = c.clone();
+                    async move {
+                        redis::cmd("SET")
+                            .arg(name)
+                            .arg("x")
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(ttl_ms)
+                            .query_async::<redis::Value>(&mut c)
+                            .await
+                    }
+                }))
+                .await;
+                for r in set {
+                    r?;
+                }
+                let del = join_all(conns.iter().map(|c| {
+                    let mut c = c.clone();
+                    async move { redis::cmd("DEL").arg(name).query_async::<i64>(&mut c).await }
+                }))
+                .await;
+                for r in del {
+                    r?;
+                }
+            }
+            Contender::Single(lock) => {
+                let lease = lock
+                    .acquire_with(name, AcquireOptions::new(ttl).auto_renew(false))
+                    .await?;
+                lease.release().await?;
+            }
+            Contender::Ours(lock) => {
+                let lease = lock
+                    .acquire_with(name, AcquireOptions::new(ttl).auto_renew(false))
+                    .await?;
+                lease.release().await?;
+            }
+            Contender::Rslock(manager) => {
+                let lock = manager
+                    .lock(name.as_bytes(), ttl)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("rslock: {e}"))?;
+                manager.unlock(&lock).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn measure(
+    contender: &Contender,
+    label: &str,
+    args: &Args,
+    ttl: Duration,
+) -> anyhow::Result<Run> {
+    let until = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let tasks = (0..args.clients).map(|i| {
+        let contender = contender.clone();
+        let name = format!("bench-{label}-{i}");
+        tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < until {
+                let t = Instant::now();
+                contender.once(&name, ttl).await?;
+                latencies.push(t.elapsed());
+            }
+            anyhow::Ok(latencies)
+        })
+    });
+    let mut run = Run::default();
+    for t in join_all(tasks).await {
+        let latencies = t.context("bench task panicked")??;
+        run.ops += latencies.len() as u64;
+        run.latencies.extend(latencies);
+    }
+    run.elapsed = started.elapsed();
+    Ok(run)
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let single_server = Redis::start().await;
+    let mut nodes = Vec::new();
+    for _ in 0..5 {
+        nodes.push(Redis::start().await);
+    }
+    let urls: Vec<String> = nodes.iter().map(Redis::url).collect();
+
+    let mut contenders: Vec<(String, usize, Contender)> = Vec::new();
+    let single = RedisLock::connect(&single_server.url()).await?;
+    contenders.push((
+        "worker RedisLock (single instance)".into(),
+        1,
+        Contender::Single(Arc::new(single)),
+    ));
+    for n in [3usize, 5] {
+        let mut conns = Vec::new();
+        for url in &urls[..n] {
+            conns.push(
+                redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            );
+        }
+        contenders.push((
+            "limit: bare SET NX PX + DEL on all nodes".into(),
+            n,
+            Contender::Limit(conns),
+        ));
+        let ours = Redlock::connect(&urls[..n]).await?;
+        contenders.push(("worker Redlock".into(), n, Contender::Ours(Arc::new(ours))));
+        let rs = rslock::LockManager::new(urls[..n].to_vec());
+        contenders.push(("rslock 0.10.0".into(), n, Contender::Rslock(rs)));
+    }
+
+    // Warm up every contender (connections, script caches).
+    for (i, (_, _, c)) in contenders.iter().enumerate() {
+        for _ in 0..50 {
+            c.once(&format!("warmup-{i}"), ttl).await?;
+        }
+    }
+
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); contenders.len()];
+    for r in 0..args.runs {
+        for (i, (label, n, c)) in contenders.iter().enumerate() {
+            let run = measure(c, &format!("{i}"), &args, ttl).await?;
+            eprintln!(
+                "run {}: {label} N={n}: {:.0}/s p50 {} ms p99 {} ms",
+                r + 1,
+                run.per_sec(),
+                ms(run.p50()),
+                ms(run.p99())
+            );
+            runs[i].push(run);
+        }
+    }
+
+    println!(
+        "\n{} runs × {} s per contender, {} concurrent client task(s), TTL {} ms, \
+         acquire+release uncontended\n",
+        args.runs, args.seconds, args.clients, args.ttl_ms
+    );
+    println!("| what | N | acquire+release/s (median) | spread | p50 ms | p99 ms | vs rslock |");
+    println!("|---|---|---|---|---|---|---|");
+    let rslock_rate = |n: usize| {
+        contenders
+            .iter()
+            .zip(&runs)
+            .find(|((_, m, c), _)| *m == n && matches!(c, Contender::Rslock(_)))
+            .map(|(_, rs)| median(&rs.iter().map(Run::per_sec).collect::<Vec<_>>()))
+    };
+    for ((label, n, _), rs) in contenders.iter().zip(&runs) {
+        let rates: Vec<f64> = rs.iter().map(Run::per_sec).collect();
+        let rate = median(&rates);
+        let (lo, hi) = spread(&rates);
+        let p50 = median(&rs.iter().map(|r| r.p50().as_secs_f64()).collect::<Vec<_>>());
+        let p99 = median(&rs.iter().map(|r| r.p99().as_secs_f64()).collect::<Vec<_>>());
+        let versus = match rslock_rate(*n) {
+            Some(base) if base > 0.0 => format!("{:.2}×", rate / base),
+            _ => "—".into(),
+        };
+        println!(
+            "| {label} | {n} | {rate:.0} | {lo:.0}–{hi:.0} | {} | {} | {versus} |",
+            ms(Duration::from_secs_f64(p50)),
+            ms(Duration::from_secs_f64(p99)),
+        );
+    }
+    Ok(())
+}

@@ -1,1 +1,81 @@
-fn main() {}
+//! The gateway binary: configuration, tracing, pool, migrations, then serve.
+//! Everything else is in the library, where the tests reach it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use gateway::{AppState, Config};
+use tracing_subscriber::EnvFilter;
+
+/// How long to wait for PostgreSQL at startup (compose may start us first).
+const CONNECT_PATIENCE: Duration = Duration::from_secs(60);
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("gateway=info,tower_http=info")),
+        )
+        .init();
+
+    let db = connect_with_retry(&config).await?;
+    gateway::migrate(&db).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("bind {}", config.listen))?;
+    tracing::info!(fencing = ?config.fencing, "listening on {}", listener.local_addr()?);
+    gateway::serve(
+        listener,
+        AppState::new(db.clone(), config.fencing),
+        shutdown_signal(),
+    )
+    .await?;
+    db.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn connect_with_retry(config: &Config) -> anyhow::Result<sqlx::PgPool> {
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match gateway::connect(&config.database_url, config.db_pool_size).await {
+            Ok(db) => return Ok(db),
+            Err(e) if start.elapsed() < CONNECT_PATIENCE => {
+                tracing::warn!(error = %format!("{e:#}"), retry_in = ?delay, "database not reachable yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e.context(format!("gave up after {CONNECT_PATIENCE:?}"))),
+        }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM; the server then drains in-flight requests.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutdown signal received, draining");
+}

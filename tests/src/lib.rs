@@ -12,11 +12,13 @@
 //! - [`redis`]: redis-server, with or without persistence.
 //! - [`mariadb`]: MariaDB, plus [`fresh_mysql_database`].
 //! - [`zookeeper`]: ZooKeeper, standalone.
+//! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
 
 pub mod mariadb;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+pub mod worker_proc;
 pub mod zookeeper;
 
 pub use mariadb::{fresh_mysql_database, MariaDb};

@@ -1,4 +1,5 @@
-//! A private ZooKeeper 3.8 (standalone) from Debian's `zookeeper` package.
+//! A private ZooKeeper 3.8 from Debian's `zookeeper` package: standalone
+//! ([`ZooKeeper`]) or a three-node ensemble ([`ZooKeeperEnsemble`]).
 
 use std::time::Duration;
 
@@ -109,4 +110,185 @@ pub async fn four_letter(port: u16, word: &str) -> std::io::Result<String> {
         return Err(std::io::Error::other(format!("ruok answered {out:?}")));
     }
     Ok(out)
+}
+
+/// Three ZooKeeper servers on one machine forming one ensemble (quorum 2),
+/// each with its own ports and data dir, for failover tests.
+pub struct ZooKeeperEnsemble {
+    nodes: Vec<EnsembleNode>,
+    _dir: TempDir,
+}
+
+struct EnsembleNode {
+    process: ServiceProcess,
+    port: u16,
+}
+
+impl ZooKeeperEnsemble {
+    /// Start three servers and wait until one leads and the other two follow.
+    pub async fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("harness-zk-ensemble-")
+            .tempdir()
+            .expect("temp dir");
+        let ports: Vec<(u16, u16, u16)> = (0..3)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
+        let servers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer, election))| {
+                format!("server.{}=127.0.0.1:{peer}:{election}\n", i + 1)
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for (i, (client_port, _, _)) in ports.iter().enumerate() {
+            let id = i + 1;
+            let node_dir = dir.path().join(format!("zk{id}"));
+            let data = node_dir.join("data");
+            std::fs::create_dir_all(&data).expect("zk data dir");
+            std::fs::write(data.join("myid"), format!("{id}\n")).expect("write myid");
+            let cfg = node_dir.join("zoo.cfg");
+            std::fs::write(
+                &cfg,
+                format!(
+                    "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\n\
+                     clientPort={client_port}\nclientPortAddress=127.0.0.1\n\
+                     admin.enableServer=false\n4lw.commands.whitelist=*\n\
+                     minSessionTimeout=1000\nmaxSessionTimeout=60000\n{servers}",
+                    data.display()
+                ),
+            )
+            .expect("write zoo.cfg");
+            let recipe = Recipe {
+                program: find_binary("java", &["/usr/bin"]),
+                args: java_args("org.apache.zookeeper.server.quorum.QuorumPeerMain", &cfg),
+                env: vec![],
+                user: None,
+                log: node_dir.join("zookeeper.log"),
+            };
+            let process =
+                ServiceProcess::spawn(format!("zookeeper-{id}"), recipe).expect("spawn zookeeper");
+            nodes.push(EnsembleNode {
+                process,
+                port: *client_port,
+            });
+        }
+        let me = Self { nodes, _dir: dir };
+        me.wait_serving(Duration::from_secs(60)).await;
+        me
+    }
+
+    /// All client ports: `127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub fn connect_string(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn port(&self, i: usize) -> u16 {
+        self.nodes[i].port
+    }
+
+    pub fn process(&mut self, i: usize) -> &mut ServiceProcess {
+        &mut self.nodes[i].process
+    }
+
+    /// The mode a node reports through `srvr` (`leader`, `follower`), or
+    /// `None` when it does not answer or serves no requests (no quorum).
+    pub async fn mode(&self, i: usize) -> Option<String> {
+        let answer = four_letter(self.nodes[i].port, "srvr").await.ok()?;
+        answer
+            .lines()
+            .find_map(|l| l.strip_prefix("Mode: "))
+            .map(|m| m.trim().to_string())
+    }
+
+    /// The index of the node that leads now, if one does.
+    pub async fn leader(&self) -> Option<usize> {
+        for i in 0..self.nodes.len() {
+            if self.mode(i).await.as_deref() == Some("leader") {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Wait until a leader is elected among the running nodes and every other
+    /// running node follows it. Returns the leader's index.
+    pub async fn wait_serving(&self, timeout: Duration) -> usize {
+        let running: Vec<usize> = (0..self.nodes.len()).collect();
+        let probe = || async {
+            let mut leader = None;
+            let mut answering = 0;
+            for &i in &running {
+                match self.mode(i).await.as_deref() {
+                    Some("leader") => {
+                        leader = Some(i);
+                        answering += 1;
+                    }
+                    Some("follower") => answering += 1,
+                    _ => {}
+                }
+            }
+            match leader {
+                Some(l) if answering >= 2 => Ok(l),
+                _ => Err(format!("leader {leader:?}, {answering} nodes serving")),
+            }
+        };
+        match wait_until(timeout, probe).await {
+            Ok(l) => l,
+            Err(e) => panic!(
+                "zookeeper ensemble not serving after {timeout:?}: {e}\n{}",
+                self.logs(30)
+            ),
+        }
+    }
+
+    /// SIGKILL node `i` (a crash).
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].process.kill();
+    }
+
+    /// Start node `i` again on its ports and data, and wait until it serves.
+    pub async fn start_again(&mut self, i: usize) {
+        self.nodes[i]
+            .process
+            .start()
+            .expect("restart zookeeper node");
+        let port = self.nodes[i].port;
+        let probe = || async {
+            match self.mode(i).await.as_deref() {
+                Some("leader" | "follower") => Ok(()),
+                other => Err(format!("node {i} on port {port}: {other:?}")),
+            }
+        };
+        if let Err(e) = wait_until(Duration::from_secs(60), probe).await {
+            panic!("{e}\n{}", self.logs(30));
+        }
+    }
+
+    fn logs(&self, n: usize) -> String {
+        self.nodes
+            .iter()
+            .map(|node| {
+                format!(
+                    "--- {} log ---\n{}",
+                    node.process.name(),
+                    node.process.log_tail(n)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }

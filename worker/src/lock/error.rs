@@ -31,7 +31,10 @@ pub enum LockError {
 impl LockError {
     /// Whether trying again later can help.
     pub fn is_transient(&self) -> bool {
-        matches!(self, LockError::Unavailable { .. } | LockError::Timeout { .. })
+        matches!(
+            self,
+            LockError::Unavailable { .. } | LockError::Timeout { .. }
+        )
     }
 
     pub fn unavailable(service: impl Into<String>, detail: impl std::fmt::Display) -> Self {

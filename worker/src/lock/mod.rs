@@ -97,9 +97,7 @@ impl AcquireOptions {
             return Err(LockError::InvalidConfig("ttl is zero".into()));
         }
         if self.ttl.as_millis() == 0 {
-            return Err(LockError::InvalidConfig(
-                "ttl below one millisecond".into(),
-            ));
+            return Err(LockError::InvalidConfig("ttl below one millisecond".into()));
         }
         if self.ttl > Duration::from_secs(24 * 3600) {
             return Err(LockError::InvalidConfig("ttl above 24 hours".into()));

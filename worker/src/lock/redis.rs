@@ -1,1 +1,344 @@
-//! Placeholder: being written.
+//! A lock on one Redis server, fenced by a counter that lives beside it.
+//!
+//! # Keys
+//! For a lock named `N`:
+//! - `lock:{N}` holds the current holder's random owner value (a UUID) and
+//!   expires after the TTL (`SET ... NX PX ttl`). It exists only while held.
+//! - `fence:{N}` is the fencing counter. It never expires; every grant
+//!   `INCR`s it and the new value is the grant's token.
+//!
+//! The braces are Redis Cluster hash tags: both keys of a lock hash to the same
+//! slot, so the grant script (which touches both) would also run on a cluster.
+//!
+//! # Grant, renew, release
+//! A grant is ONE Lua script ([`GRANT_SCRIPT`]): `SET lock NX PX ttl` and, only
+//! if that succeeded, `INCR fence`. Redis runs a script without interleaving
+//! any other command, so no other client can be granted between the `SET` and
+//! the `INCR`: the order of tokens is the order of grants. Renew
+//! ([`RENEW_SCRIPT`]) and release ([`RELEASE_SCRIPT`]) compare the owner value
+//! first, so a holder whose grant expired can never extend or delete the next
+//! holder's key.
+//!
+//! # Validity
+//! A lease is trusted for the TTL counted from the moment the request was
+//! *sent* (the server started the key's clock somewhere after that), minus a
+//! small allowance for the two clocks running at different rates (1% of the TTL
+//! plus 2 ms, as Redlock does).
+//!
+//! # Waiting
+//! A waiter retries with jittered, growing delays ([`poll_until_granted`]). We do
+//! not wait on keyspace notifications for the key's deletion: they need
+//! `notify-keyspace-events` set in the server's configuration (off by default,
+//! and often not ours to change), they are fire-and-forget pub/sub messages
+//! lost on any disconnect, and an expiry is only notified when Redis gets round
+//! to evicting the key, so a retry loop is still needed underneath. Jitter
+//! keeps many waiters from retrying in lockstep when the holder releases.
+//!
+//! # Failures
+//! - Connection lost during a hold: renewals fail, the lease's validity passes
+//!   and its lost signal fires; the key itself expires on the server.
+//! - Dropping an `acquire` future midway: at worst the server granted a key
+//!   that nobody knows about. It expires after the TTL; its token is skipped.
+//! - A restart WITHOUT persistence forgets `fence:{N}`: the counter restarts at
+//!   1, tokens go backwards, and a storage that fences (our gateway) refuses
+//!   every new holder as stale. Safe, but stuck until an operator raises the
+//!   counter again; see `docs/OPERATIONS.md`. With `appendonly yes` and
+//!   `appendfsync always` the counter survives restarts.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, RedisError, Script};
+use tokio::time::Instant;
+
+use super::{
+    poll_until_granted, AcquireOptions, Fencing, Grant, Lease, LockError, LockService, NewLease,
+};
+
+/// The issuer name sent with every token.
+pub const ISSUER: &str = "redis";
+
+/// How long connecting (and the first PING) may take before we say unavailable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Backstop for any reply; each operation also has its own shorter deadline.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `KEYS[1]` lock key, `KEYS[2]` fence key, `ARGV[1]` owner, `ARGV[2]` TTL in
+/// ms. Returns the new token, or nil when the lock is held.
+pub const GRANT_SCRIPT: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return false
+";
+
+/// `KEYS[1]` lock key, `ARGV[1]` owner, `ARGV[2]` TTL in ms. Returns 1 when
+/// extended, 0 when the key is gone or belongs to someone else.
+pub const RENEW_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// `KEYS[1]` lock key, `ARGV[1]` owner. Returns 1 when deleted, 0 when the key
+/// is gone or belongs to someone else (then nothing is touched).
+pub const RELEASE_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// The key holding the owner of lock `name` while it is held.
+pub fn lock_key(name: &str) -> String {
+    format!("lock:{{{name}}}")
+}
+
+/// The key holding lock `name`'s fencing counter (never expires).
+pub fn fence_key(name: &str) -> String {
+    format!("fence:{{{name}}}")
+}
+
+/// How long a grant of `ttl` is trusted, counted from when its request was
+/// sent: the TTL less a clock-drift allowance (1% + 2 ms).
+pub fn validity_for(ttl: Duration) -> Duration {
+    ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+}
+
+/// A lock service on one Redis server. Cheap to clone; clones share one
+/// multiplexed connection.
+#[derive(Clone)]
+pub struct RedisLock {
+    inner: Arc<Inner>,
+}
+
+struct Scripts {
+    grant: Script,
+    renew: Script,
+    release: Script,
+}
+
+struct Inner {
+    client: Client,
+    config: AsyncConnectionConfig,
+    /// The live connection; `None` after it broke, until the next call reconnects.
+    conn: Mutex<Option<MultiplexedConnection>>,
+    /// Serialises reconnects so that a broken connection is replaced once.
+    reconnecting: tokio::sync::Mutex<()>,
+    scripts: Scripts,
+}
+
+impl RedisLock {
+    /// Connect to `url` (`redis://host:port/db`) and PING it. A malformed URL is
+    /// `InvalidConfig`; a server that does not answer within 2 s is
+    /// `Unavailable`, at once.
+    pub async fn connect(url: &str) -> Result<RedisLock, LockError> {
+        let client = Client::open(url)
+            .map_err(|e| LockError::InvalidConfig(format!("redis url {url:?}: {e}")))?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(CONNECT_TIMEOUT)
+            .set_response_timeout(RESPONSE_TIMEOUT);
+        let lock = RedisLock {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                conn: Mutex::new(None),
+                reconnecting: tokio::sync::Mutex::new(()),
+                scripts: Scripts {
+                    grant: Script::new(GRANT_SCRIPT),
+                    renew: Script::new(RENEW_SCRIPT),
+                    release: Script::new(RELEASE_SCRIPT),
+                },
+            }),
+        };
+        let mut conn = lock.inner.connection().await?;
+        let ping = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            redis::cmd("PING").query_async::<String>(&mut conn),
+        )
+        .await
+        .map_err(|_| LockError::unavailable(ISSUER, "PING timed out"))?;
+        ping.map_err(|e| lock.inner.failed(e))?;
+        Ok(lock)
+    }
+
+    /// Try once: the lease if granted now, `None` if somebody holds the lock.
+    async fn try_grant(
+        &self,
+        name: &str,
+        opts: AcquireOptions,
+    ) -> Result<Option<Lease>, LockError> {
+        let owner = uuid::Uuid::new_v4().to_string();
+        let ttl_ms = opts.ttl.as_millis() as u64;
+        let requested_at = Instant::now();
+        let token: Option<u64> = self
+            .inner
+            .run(opts.ttl, |scripts| {
+                let mut inv = scripts.grant.key(lock_key(name));
+                inv.key(fence_key(name)).arg(&owner).arg(ttl_ms);
+                inv
+            })
+            .await?;
+        let Some(token) = token else {
+            return Ok(None);
+        };
+        tracing::debug!(lock = name, token, "redis lock granted");
+        let grant = Arc::new(RedisGrant {
+            lock: self.clone(),
+            name: name.to_string(),
+            owner,
+        });
+        Ok(Some(Lease::new(NewLease {
+            name: name.to_string(),
+            issuer: ISSUER.to_string(),
+            fencing: Fencing::Token(token),
+            ttl: opts.ttl,
+            requested_at,
+            validity: Some(validity_for(opts.ttl)),
+            auto_renew: opts.auto_renew,
+            grant,
+            lost_trigger: None,
+        })))
+    }
+}
+
+impl Inner {
+    /// The live connection, reconnecting (once for all callers) if it broke.
+    async fn connection(&self) -> Result<MultiplexedConnection, LockError> {
+        if let Some(c) = self.conn.lock().expect("redis conn mutex").clone() {
+            return Ok(c);
+        }
+        let _one_at_a_time = self.reconnecting.lock().await;
+        if let Some(c) = self.conn.lock().expect("redis conn mutex").clone() {
+            return Ok(c);
+        }
+        let fresh = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            self.client
+                .get_multiplexed_async_connection_with_config(&self.config),
+        )
+        .await
+        .map_err(|_| LockError::unavailable(ISSUER, "connect timed out"))?
+        .map_err(|e| LockError::unavailable(ISSUER, e))?;
+        *self.conn.lock().expect("redis conn mutex") = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    /// Map a driver error, forgetting the connection if it is broken.
+    fn failed(&self, e: RedisError) -> LockError {
+        if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+            *self.conn.lock().expect("redis conn mutex") = None;
+        }
+        if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || e.is_unrecoverable_error()
+        {
+            LockError::unavailable(ISSUER, e)
+        } else {
+            LockError::protocol(ISSUER, e)
+        }
+    }
+
+    /// Run one script within `limit` (at least 100 ms): a reply later than the
+    /// TTL is useless anyway, and the watchdog must get control back.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        limit: Duration,
+        build: impl FnOnce(&Scripts) -> redis::ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        let mut conn = self.connection().await?;
+        let inv = build(&self.scripts);
+        let limit = limit.max(Duration::from_millis(100));
+        match tokio::time::timeout(limit, inv.invoke_async(&mut conn)).await {
+            Err(_) => Err(LockError::unavailable(
+                ISSUER,
+                format!("no reply within {limit:?}"),
+            )),
+            Ok(Err(e)) => Err(self.failed(e)),
+            Ok(Ok(v)) => Ok(v),
+        }
+    }
+}
+
+impl LockService for RedisLock {
+    fn issuer(&self) -> &str {
+        ISSUER
+    }
+
+    fn acquire_with<'a>(
+        &'a self,
+        name: &'a str,
+        opts: AcquireOptions,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        async move {
+            opts.validate(name)?;
+            poll_until_granted(name, opts.wait, || self.try_grant(name, opts)).await
+        }
+        .boxed()
+    }
+}
+
+/// One grant: the owner value that proves it is ours.
+struct RedisGrant {
+    lock: RedisLock,
+    name: String,
+    owner: String,
+}
+
+impl Grant for RedisGrant {
+    fn renew(&self, ttl: Duration) -> BoxFuture<'_, Result<Duration, LockError>> {
+        async move {
+            let extended: i64 = self
+                .lock
+                .inner
+                .run(ttl, |scripts| {
+                    let mut inv = scripts.renew.key(lock_key(&self.name));
+                    inv.arg(&self.owner).arg(ttl.as_millis() as u64);
+                    inv
+                })
+                .await?;
+            if extended == 1 {
+                Ok(validity_for(ttl))
+            } else {
+                Err(LockError::NotHeld {
+                    name: self.name.clone(),
+                    reason: "redis key expired or taken by another holder".into(),
+                })
+            }
+        }
+        .boxed()
+    }
+
+    /// Deletes the key only if it still holds our owner value. When it does
+    /// not (our grant expired, maybe somebody else holds it now) nothing is
+    /// touched and the answer is `NotHeld`, so the caller learns that its
+    /// critical section outlived its lease.
+    fn release(&self) -> BoxFuture<'_, Result<(), LockError>> {
+        async move {
+            let deleted: i64 = self
+                .lock
+                .inner
+                .run(RESPONSE_TIMEOUT, |scripts| {
+                    let mut inv = scripts.release.key(lock_key(&self.name));
+                    inv.arg(&self.owner);
+                    inv
+                })
+                .await?;
+            if deleted == 1 {
+                Ok(())
+            } else {
+                Err(LockError::NotHeld {
+                    name: self.name.clone(),
+                    reason: "redis key had already expired or been taken over at release".into(),
+                })
+            }
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,28 @@
+# syntax=docker/dockerfile:1
+# Both binaries in one small image: `gateway` (the default command) and `worker`.
+# tests/tests/compose.rs checks that the binaries built here are the ones the
+# workspace defines and the ones compose.yaml runs.
+
+FROM rust:1.95.0-bookworm AS build
+WORKDIR /src
+COPY . .
+# The cache mounts keep the registry and target dir between builds; the
+# binaries are copied out of the cached target dir in the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p gateway -p worker \
+ && install -D -m 0755 target/release/gateway target/release/worker -t /out/
+
+FROM debian:bookworm-slim
+# curl for the healthchecks; ca-certificates for https:// gateways.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends curl ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin app
+COPY --from=build /out/gateway /out/worker /usr/local/bin/
+USER app
+EXPOSE 8080
+ENV RUST_LOG=info
+HEALTHCHECK --interval=5s --timeout=3s --start-period=5s --retries=5 \
+    CMD curl -fsS http://127.0.0.1:8080/healthz || exit 1
+CMD ["gateway"]

@@ -1,0 +1,341 @@
+//! The project's own binaries as child processes: the worker (whose JSONL
+//! events the runner reads) and the gateway.
+//!
+//! The runner spawns the real binaries rather than linking the libraries, so a
+//! SIGSTOP stops a whole client, a SIGKILL is a real crash, and a worker can run
+//! under libfaketime. Build them first: `cargo build -p worker -p gateway`
+//! (`scripts/test` does).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::Notify;
+
+/// Unix time in ms, the unit of the worker's `ts`.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Where the project's binaries are: `$CHAOS_BIN_DIR`, else the cargo target
+/// dir this executable runs from (`target/debug` or `target/debug/deps`).
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = match std::env::var_os("CHAOS_BIN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let exe = std::env::current_exe().context("current exe")?;
+            let mut dir = exe.parent().context("exe dir")?.to_path_buf();
+            if dir.ends_with("deps") {
+                dir.pop();
+            }
+            dir
+        }
+    };
+    let path = dir.join(name);
+    if !path.is_file() {
+        bail!(
+            "binary `{}` not found; build it first with `cargo build -p {name}` \
+             (or set CHAOS_BIN_DIR)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// One JSONL event of a worker, with the runner's own receive time.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub client: String,
+    pub json: Value,
+    /// Unix ms when the runner read the line.
+    pub received_ms: i64,
+}
+
+impl Event {
+    pub fn kind(&self) -> &str {
+        self.json.get("event").and_then(Value::as_str).unwrap_or("")
+    }
+
+    pub fn u64(&self, field: &str) -> Option<u64> {
+        self.json.get(field).and_then(Value::as_u64)
+    }
+
+    pub fn str(&self, field: &str) -> Option<&str> {
+        self.json.get(field).and_then(Value::as_str)
+    }
+
+    /// The event's time: the worker's `ts`, unless the worker's clock is off by
+    /// more than a minute (a worker under libfaketime), then the receive time.
+    pub fn ts(&self) -> i64 {
+        match self.json.get("ts").and_then(Value::as_i64) {
+            Some(ts) if (ts - self.received_ms).abs() < 60_000 => ts,
+            _ => self.received_ms,
+        }
+    }
+}
+
+/// Every event of every worker of one scenario, in arrival order.
+#[derive(Clone, Default)]
+pub struct EventLog {
+    inner: Arc<(Mutex<Vec<Event>>, Notify)>,
+}
+
+impl EventLog {
+    pub fn push(&self, e: Event) {
+        self.inner.0.lock().expect("event log").push(e);
+        self.inner.1.notify_waiters();
+    }
+
+    pub fn all(&self) -> Vec<Event> {
+        self.inner.0.lock().expect("event log").clone()
+    }
+
+    /// Wait until an event matching `pred` is in the log (it may already be).
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Event) -> bool,
+    ) -> anyhow::Result<Event> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.inner.1.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(e) = self
+                .inner
+                .0
+                .lock()
+                .expect("event log")
+                .iter()
+                .find(|e| pred(e))
+            {
+                return Ok(e.clone());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                bail!("timed out after {timeout:?} waiting for {what}");
+            }
+        }
+    }
+}
+
+/// A worker process started with `--events jsonl`.
+pub struct WorkerProc {
+    pub client: String,
+    child: Child,
+    stderr_log: tempfile::NamedTempFile,
+    /// Unix ms when the runner killed it, if it did.
+    pub killed_at: Option<i64>,
+}
+
+/// How to start one worker.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerSpec {
+    pub client: String,
+    /// Flags as (name, value) pairs, e.g. ("--backend", "redis").
+    pub args: Vec<(String, String)>,
+    /// Extra environment (LD_PRELOAD for libfaketime...).
+    pub env: Vec<(String, String)>,
+}
+
+impl WorkerSpec {
+    pub fn arg(mut self, name: &str, value: impl ToString) -> Self {
+        self.args.push((name.to_string(), value.to_string()));
+        self
+    }
+}
+
+impl WorkerProc {
+    pub fn spawn(spec: &WorkerSpec, log: &EventLog) -> anyhow::Result<Self> {
+        let stderr_log = tempfile::Builder::new()
+            .prefix("chaos-worker-")
+            .suffix(".log")
+            .tempfile()?;
+        let mut cmd = Command::new(binary("worker")?);
+        for (k, v) in &spec.args {
+            cmd.arg(k).arg(v);
+        }
+        cmd.arg("--client-id")
+            .arg(&spec.client)
+            .arg("--events")
+            .arg("jsonl")
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env("RUST_LOG", "worker=debug,info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr_log.reopen()?)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().context("spawn worker")?;
+        let stdout = child.stdout.take().context("worker stdout")?;
+        let log = log.clone();
+        let client = spec.client.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(json) = serde_json::from_str::<Value>(&line) {
+                    log.push(Event {
+                        client: client.clone(),
+                        json,
+                        received_ms: now_ms(),
+                    });
+                }
+            }
+        });
+        Ok(Self {
+            client: spec.client.clone(),
+            child,
+            stderr_log,
+            killed_at: None,
+        })
+    }
+
+    pub fn pid(&self) -> Option<Pid> {
+        self.child.id().map(|p| Pid::from_raw(p as i32))
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        if let Some(pid) = self.pid() {
+            let _ = kill(pid, signal);
+        }
+    }
+
+    /// Whether the process is in the stopped state (`T` in /proc/PID/stat).
+    pub fn is_stopped(&self) -> bool {
+        let Some(pid) = self.pid() else { return false };
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let after = s.rsplit_once(')')?.1.trim_start().chars().next()?;
+                Some(after == 'T' || after == 't')
+            })
+            .unwrap_or(false)
+    }
+
+    /// Wait until the worker has really stopped itself (after `--stop-self-at`).
+    pub async fn wait_stopped(&self, timeout: Duration) -> anyhow::Result<()> {
+        harness::wait_until(timeout, || async {
+            if self.is_stopped() {
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!("worker {} is not stopped", self.client))
+            }
+        })
+        .await
+    }
+
+    /// A GC pause from outside.
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    /// A crash: SIGKILL, reaped.
+    pub async fn crash(&mut self) {
+        self.signal(Signal::SIGKILL);
+        let _ = self.child.wait().await;
+        self.killed_at = Some(now_ms());
+    }
+
+    /// Wait for the process to exit on its own; kill it after `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(status) => {
+                status?;
+                Ok(())
+            }
+            Err(_) => {
+                self.resume();
+                self.crash().await;
+                bail!(
+                    "worker {} did not finish within {timeout:?}; killed. stderr tail:\n{}",
+                    self.client,
+                    self.stderr_tail(20)
+                )
+            }
+        }
+    }
+
+    pub fn stderr_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(self.stderr_log.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        // A stopped process ignores SIGKILL until continued on some kernels' views
+        // of job control; continue it first so kill_on_drop always reaps it.
+        self.resume();
+    }
+}
+
+/// The gateway binary on a free port.
+pub struct GatewayProc {
+    child: Child,
+    port: u16,
+    log: tempfile::NamedTempFile,
+}
+
+impl GatewayProc {
+    pub async fn spawn(database_url: &str, fencing: bool) -> anyhow::Result<Self> {
+        let log = tempfile::Builder::new()
+            .prefix("chaos-gateway-")
+            .suffix(".log")
+            .tempfile()?;
+        let port = harness::free_port();
+        let child = Command::new(binary("gateway")?)
+            .arg("--database-url")
+            .arg(database_url)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--fencing")
+            .arg(if fencing { "enforce" } else { "off" })
+            .env("RUST_LOG", "gateway=info")
+            .stdin(Stdio::null())
+            .stdout(log.reopen()?)
+            .stderr(log.reopen()?)
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawn gateway")?;
+        let me = Self { child, port, log };
+        let http = reqwest::Client::new();
+        let url = format!("{}/healthz", me.url());
+        let ready = harness::wait_until(Duration::from_secs(30), || async {
+            http.get(&url).send().await?.error_for_status()
+        })
+        .await;
+        if let Err(e) = ready {
+            bail!(
+                "gateway did not answer {url}: {e}\n--- log ---\n{}",
+                std::fs::read_to_string(me.log.path()).unwrap_or_default()
+            );
+        }
+        Ok(me)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}

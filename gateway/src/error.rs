@@ -1,0 +1,199 @@
+//! One error type for every rejection: it knows its status, its code, and
+//! writes the JSON body `{"error": "<code>", "message": "...", ...details}`.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+
+use crate::metrics::Outcome;
+use crate::store::Fence;
+
+/// Everything the gateway can answer besides success.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 409 `stale_token`: the token is lower than the page's fence.
+    #[error("fencing token {offered} is older than the page's fence {current}")]
+    StaleToken {
+        offered: i64,
+        current: i64,
+        issuer: String,
+    },
+    /// 409 `issuer_mismatch`: the page is fenced by another lock service, whose
+    /// tokens are not comparable with these.
+    #[error("the page is fenced by issuer {current:?}, not {offered:?}; tokens of different lock services are not comparable")]
+    IssuerMismatch { offered: String, current: String },
+    /// 412 `version_mismatch`: `If-Match` names another version.
+    #[error("If-Match expected version {expected}, but the page is at {}", current.map_or("no version (it does not exist)".to_string(), |v| format!("version {v}")))]
+    VersionMismatch { expected: i64, current: Option<i64> },
+    /// 428 `fencing_token_required`: a write without `Fencing-Token` while fencing is enforced.
+    #[error("this gateway enforces fencing: send a Fencing-Token header with the token of your lock grant")]
+    FencingTokenRequired,
+    /// 404 `page_not_found`. A fenced read of an unwritten page still records its fence.
+    #[error("page {id:?} does not exist")]
+    PageNotFound { id: String, fence: Option<Fence> },
+    /// 404 `not_found`: no such route.
+    #[error("no route for {0}")]
+    NoRoute(String),
+    /// 405 `method_not_allowed`.
+    #[error("method not allowed on this path")]
+    MethodNotAllowed,
+    /// 400 with the given code (`invalid_page_id`, `invalid_fencing_token`,
+    /// `invalid_fencing_issuer`, `invalid_client_id`, `invalid_if_match`,
+    /// `invalid_json`, `invalid_body`, `invalid_limit`, `invalid_path`).
+    #[error("{message}")]
+    BadRequest { code: &'static str, message: String },
+    /// 413 `body_too_large`: over the 1 MiB limit.
+    #[error("request body is larger than the limit of 1 MiB")]
+    BodyTooLarge,
+    /// 415 `unsupported_media_type`: the body must be `application/json`.
+    #[error("expected a request with Content-Type: application/json")]
+    UnsupportedMediaType,
+    /// 503 `database_unavailable`: PostgreSQL cannot be reached (or the pool timed out).
+    #[error("the database is unavailable; retry later")]
+    DatabaseUnavailable(#[source] sqlx::Error),
+    /// 504 `timeout`: the request took longer than the gateway's limit.
+    #[error("the request took too long")]
+    Timeout,
+    /// 500 `internal`: logged in full, answered generically.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::BadRequest {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::StaleToken { .. } | Self::IssuerMismatch { .. } => StatusCode::CONFLICT,
+            Self::VersionMismatch { .. } => StatusCode::PRECONDITION_FAILED,
+            Self::FencingTokenRequired => StatusCode::PRECONDITION_REQUIRED,
+            Self::PageNotFound { .. } | Self::NoRoute(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::DatabaseUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::StaleToken { .. } => "stale_token",
+            Self::IssuerMismatch { .. } => "issuer_mismatch",
+            Self::VersionMismatch { .. } => "version_mismatch",
+            Self::FencingTokenRequired => "fencing_token_required",
+            Self::PageNotFound { .. } => "page_not_found",
+            Self::NoRoute(_) => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::BadRequest { code, .. } => code,
+            Self::BodyTooLarge => "body_too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::DatabaseUnavailable(_) => "database_unavailable",
+            Self::Timeout => "timeout",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    fn details(&self) -> Map<String, Value> {
+        let value = match self {
+            Self::StaleToken {
+                offered,
+                current,
+                issuer,
+            } => json!({"offered_token": offered, "current_token": current, "issuer": issuer}),
+            Self::IssuerMismatch { offered, current } => {
+                json!({"offered_issuer": offered, "current_issuer": current})
+            }
+            Self::VersionMismatch { expected, current } => {
+                json!({"expected_version": expected, "current_version": current})
+            }
+            Self::PageNotFound { id, fence } => json!({"id": id, "fence": fence}),
+            _ => json!({}),
+        };
+        match value {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_unavailable(&e) {
+            Self::DatabaseUnavailable(e)
+        } else {
+            Self::Internal(format!("database: {e}"))
+        }
+    }
+}
+
+/// Errors that mean "PostgreSQL is not there right now", as opposed to a bug.
+fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => true,
+        // Class 57 (operator intervention: admin shutdown, crash shutdown,
+        // cannot connect now) and class 08 (connection exception).
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("57") || c.starts_with("08")),
+        _ => false,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match &self {
+            Self::DatabaseUnavailable(e) => tracing::warn!(error = %e, "database unavailable"),
+            Self::Internal(e) => tracing::error!(error = %e, "internal error"),
+            _ => {}
+        }
+        let mut body = Map::new();
+        body.insert("error".into(), self.code().into());
+        body.insert("message".into(), self.to_string().into());
+        body.extend(self.details());
+        let mut response = (self.status(), Json(Value::Object(body))).into_response();
+        response.extensions_mut().insert(Outcome(self.code()));
+        response
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        match r {
+            JsonRejection::MissingJsonContentType(_) => Self::UnsupportedMediaType,
+            JsonRejection::BytesRejection(ref b) if b.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Self::BodyTooLarge
+            }
+            JsonRejection::JsonSyntaxError(_) | JsonRejection::JsonDataError(_) => {
+                Self::bad_request("invalid_json", r.body_text())
+            }
+            other => Self::bad_request("invalid_body", other.body_text()),
+        }
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(r: PathRejection) -> Self {
+        Self::bad_request("invalid_path", r.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
+        Self::bad_request("invalid_query", r.body_text())
+    }
+}

@@ -1,0 +1,614 @@
+//! The HTTP contract of issue 2, against a real PostgreSQL.
+
+mod common;
+
+use common::{gateway, Api};
+use gateway::Fencing;
+use rand::Rng;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn put_creates_with_201_then_updates_with_200_and_etag_follows_version() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+
+    let created = api.put_fenced("home", "v1", 1).await.expect(201);
+    assert_eq!(
+        created.json,
+        json!({"id": "home", "body": "v1", "version": 1, "fence": {"issuer": "default", "token": 1}})
+    );
+    assert_eq!(created.etag(), Some("\"1\""));
+
+    let updated = api.put_fenced("home", "v2", 1).await.expect(200);
+    assert_eq!(updated.json["version"], 2);
+    assert_eq!(updated.etag(), Some("\"2\""));
+
+    let read = api.get("home", &[]).await.expect(200);
+    assert_eq!(read.json["body"], "v2");
+    assert_eq!(read.etag(), Some("\"2\""));
+}
+
+#[tokio::test]
+async fn missing_page_is_404_json() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    api.get("nobody-wrote-me", &[])
+        .await
+        .expect_error(404, "page_not_found");
+}
+
+#[tokio::test]
+async fn fenced_read_raises_the_fence_so_the_older_holders_late_write_is_refused() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    api.put_fenced("doc", "from 30", 30).await.expect(201);
+
+    // The new holder (34) reads; the old holder (33) wakes up and writes.
+    let read = api.get("doc", &[("Fencing-Token", "34")]).await.expect(200);
+    assert_eq!(read.json["fence"]["token"], 34);
+    let late = api
+        .put_fenced("doc", "from 33", 33)
+        .await
+        .expect_error(409, "stale_token");
+    assert_eq!(late.json["offered_token"], 33);
+    assert_eq!(late.json["current_token"], 34);
+
+    api.put_fenced("doc", "from 34", 34).await.expect(200);
+    let page = api.get("doc", &[]).await.expect(200);
+    assert_eq!(page.json["body"], "from 34");
+    assert_eq!(page.json["version"], 2);
+}
+
+#[tokio::test]
+async fn fenced_read_of_a_page_never_written_records_its_fence() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let read = api
+        .get("fresh", &[("Fencing-Token", "34")])
+        .await
+        .expect_error(404, "page_not_found");
+    assert_eq!(read.json["fence"]["token"], 34);
+
+    api.put_fenced("fresh", "late", 33)
+        .await
+        .expect_error(409, "stale_token");
+    api.get("fresh", &[])
+        .await
+        .expect_error(404, "page_not_found");
+    api.put_fenced("fresh", "mine", 34).await.expect(201);
+}
+
+#[tokio::test]
+async fn equal_token_is_accepted_and_an_older_one_changes_nothing() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    api.put_fenced("p", "a", 7).await.expect(201);
+    api.put_fenced("p", "b", 7).await.expect(200);
+    api.put_fenced("p", "c", 6)
+        .await
+        .expect_error(409, "stale_token");
+    api.get("p", &[("Fencing-Token", "5")])
+        .await
+        .expect_error(409, "stale_token");
+
+    let page = api.get("p", &[]).await.expect(200);
+    assert_eq!(
+        page.json,
+        json!({"id": "p", "body": "b", "version": 2, "fence": {"issuer": "default", "token": 7}})
+    );
+    let outcomes: Vec<_> = api
+        .history("p")
+        .await
+        .iter()
+        .map(|h| h["outcome"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["stale_token", "stale_token", "accepted", "accepted"]
+    );
+}
+
+#[tokio::test]
+async fn tokens_of_another_issuer_are_refused_with_issuer_mismatch() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    api.put(
+        "p",
+        "a",
+        &[("Fencing-Token", "5"), ("Fencing-Issuer", "redis:main")],
+    )
+    .await
+    .expect(201);
+    let r = api
+        .put(
+            "p",
+            "b",
+            &[("Fencing-Token", "500"), ("Fencing-Issuer", "zookeeper")],
+        )
+        .await
+        .expect_error(409, "issuer_mismatch");
+    assert_eq!(r.json["current_issuer"], "redis:main");
+    assert_eq!(r.json["offered_issuer"], "zookeeper");
+    api.get("p", &[("Fencing-Token", "500")])
+        .await
+        .expect_error(409, "issuer_mismatch");
+    assert_eq!(api.get("p", &[]).await.expect(200).json["version"], 1);
+}
+
+#[tokio::test]
+async fn if_match_on_another_version_is_412_and_on_the_current_one_writes() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    api.put("p", "a", &[("Fencing-Token", "1"), ("If-Match", "\"1\"")])
+        .await
+        .expect_error(412, "version_mismatch");
+    let created = api.put_fenced("p", "a", 1).await.expect(201);
+    let etag = created.etag().unwrap().to_owned();
+
+    let r = api
+        .put("p", "b", &[("Fencing-Token", "1"), ("If-Match", "\"7\"")])
+        .await
+        .expect_error(412, "version_mismatch");
+    assert_eq!(r.json["expected_version"], 7);
+    assert_eq!(r.json["current_version"], 1);
+
+    api.put("p", "b", &[("Fencing-Token", "1"), ("If-Match", &etag)])
+        .await
+        .expect(200);
+    assert_eq!(api.get("p", &[]).await.json["body"], "b");
+}
+
+#[tokio::test]
+async fn write_without_token_is_428_when_fencing_is_enforced() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    api.put("p", "a", &[])
+        .await
+        .expect_error(428, "fencing_token_required");
+    api.get("p", &[]).await.expect_error(404, "page_not_found");
+}
+
+#[tokio::test]
+async fn every_bad_input_gets_its_status_and_json_code_and_writes_nothing() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    api.put_fenced("p", "original", 5).await.expect(201);
+    let page_url = api.url("/pages/p");
+    let put = || api.http.put(&page_url).header("Fencing-Token", "9");
+    let json_put = |v: Value| put().json(&v);
+
+    let cases: Vec<(&str, reqwest::RequestBuilder, u16, &str)> = vec![
+        (
+            "token not a number",
+            api.http
+                .put(&page_url)
+                .header("Fencing-Token", "abc")
+                .json(&json!({"body": "x"})),
+            400,
+            "invalid_fencing_token",
+        ),
+        (
+            "two tokens",
+            json_put(json!({"body": "x"})).header("Fencing-Token", "10"),
+            400,
+            "invalid_fencing_token",
+        ),
+        (
+            "negative token",
+            api.http
+                .put(&page_url)
+                .header("Fencing-Token", "-1")
+                .json(&json!({"body": "x"})),
+            400,
+            "invalid_fencing_token",
+        ),
+        (
+            "token over i64::MAX",
+            api.http
+                .put(&page_url)
+                .header("Fencing-Token", "9223372036854775808")
+                .json(&json!({"body": "x"})),
+            400,
+            "invalid_fencing_token",
+        ),
+        (
+            "fractional token",
+            api.http
+                .put(&page_url)
+                .header("Fencing-Token", "1.5")
+                .json(&json!({"body": "x"})),
+            400,
+            "invalid_fencing_token",
+        ),
+        (
+            "empty token",
+            api.http
+                .put(&page_url)
+                .header("Fencing-Token", "")
+                .json(&json!({"body": "x"})),
+            400,
+            "invalid_fencing_token",
+        ),
+        (
+            "upper-case issuer",
+            json_put(json!({"body": "x"})).header("Fencing-Issuer", "Redis"),
+            400,
+            "invalid_fencing_issuer",
+        ),
+        (
+            "issuer of 65 chars",
+            json_put(json!({"body": "x"})).header("Fencing-Issuer", "a".repeat(65)),
+            400,
+            "invalid_fencing_issuer",
+        ),
+        (
+            "bad If-Match",
+            json_put(json!({"body": "x"})).header("If-Match", "\"one\""),
+            400,
+            "invalid_if_match",
+        ),
+        (
+            "page id with a dot",
+            api.http
+                .put(api.url("/pages/a.b"))
+                .header("Fencing-Token", "9")
+                .json(&json!({"body": "x"})),
+            400,
+            "invalid_page_id",
+        ),
+        (
+            "page id of 129 chars",
+            api.http
+                .put(api.url(&format!("/pages/{}", "a".repeat(129))))
+                .header("Fencing-Token", "9")
+                .json(&json!({"body": "x"})),
+            400,
+            "invalid_page_id",
+        ),
+        (
+            "page id with an escaped space",
+            api.http
+                .put(api.url("/pages/a%20b"))
+                .header("Fencing-Token", "9")
+                .json(&json!({"body": "x"})),
+            400,
+            "invalid_page_id",
+        ),
+        (
+            "malformed JSON",
+            put()
+                .header("content-type", "application/json")
+                .body("{\"body\": "),
+            400,
+            "invalid_json",
+        ),
+        (
+            "body field missing",
+            json_put(json!({"text": "x"})),
+            400,
+            "invalid_json",
+        ),
+        (
+            "body not a string",
+            json_put(json!({"body": 3})),
+            400,
+            "invalid_json",
+        ),
+        (
+            "NUL in body",
+            json_put(json!({"body": "a\u{0}b"})),
+            400,
+            "invalid_body",
+        ),
+        (
+            "text/plain body",
+            put()
+                .header("content-type", "text/plain")
+                .body("{\"body\":\"x\"}"),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "no content type",
+            put().body("{\"body\":\"x\"}"),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "body over 1 MiB",
+            json_put(json!({"body": "x".repeat(1024 * 1024)})),
+            413,
+            "body_too_large",
+        ),
+        (
+            "history limit not a number",
+            api.http.get(api.url("/pages/p/history?limit=lots")),
+            400,
+            "invalid_query",
+        ),
+        (
+            "history limit zero",
+            api.http.get(api.url("/pages/p/history?limit=0")),
+            400,
+            "invalid_limit",
+        ),
+        (
+            "unknown route",
+            api.http.get(api.url("/nowhere")),
+            404,
+            "not_found",
+        ),
+        (
+            "method not allowed",
+            api.http.delete(&page_url),
+            405,
+            "method_not_allowed",
+        ),
+    ];
+    for (what, req, status, code) in cases {
+        let reply = api.send(req).await;
+        assert_eq!(reply.status.as_u16(), status, "{what}: {}", reply.json);
+        assert_eq!(reply.error(), code, "{what}: {}", reply.json);
+    }
+
+    let page = api.get("p", &[]).await.expect(200);
+    assert_eq!(
+        page.json,
+        json!({"id": "p", "body": "original", "version": 1, "fence": {"issuer": "default", "token": 5}})
+    );
+    assert_eq!(api.history("p").await.len(), 1, "bad input left history");
+    let list = api.send(api.http.get(api.url("/pages"))).await.expect(200);
+    assert_eq!(list.json["pages"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn with_fencing_off_stale_writes_land_but_history_marks_them_stale() {
+    let (_gw, api, _) = gateway(Fencing::Off).await;
+    api.put("p", "no token", &[]).await.expect(201);
+    api.put_fenced("p", "new holder", 34).await.expect(200);
+    let late = api.put_fenced("p", "old holder", 33).await.expect(200);
+    assert_eq!(late.json["body"], "old holder");
+    assert_eq!(
+        late.json["fence"]["token"], 34,
+        "the fence stays at the max seen"
+    );
+    api.put_fenced("p", "newest", 40).await.expect(200);
+
+    let history = api.history("p").await;
+    let outcomes: Vec<_> = history
+        .iter()
+        .map(|h| h["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["accepted", "stale", "accepted", "accepted"]);
+    assert_eq!(history[1]["token"], 33);
+    assert_eq!(history[0]["fence_token"], 40);
+}
+
+#[tokio::test]
+async fn history_lists_every_attempt_newest_first_with_its_details() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    api.put(
+        "p",
+        "a",
+        &[("Fencing-Token", "3"), ("Client-Id", "worker-1")],
+    )
+    .await
+    .expect(201);
+    api.put(
+        "p",
+        "b",
+        &[("Fencing-Token", "2"), ("Client-Id", "worker-2")],
+    )
+    .await
+    .expect(409);
+    api.get("p", &[("Fencing-Token", "4"), ("Client-Id", "worker-3")])
+        .await
+        .expect(200);
+
+    let history = api.history("p").await;
+    assert_eq!(history.len(), 3);
+    let summary: Vec<_> = history
+        .iter()
+        .map(|h| {
+            (
+                h["method"].clone(),
+                h["outcome"].clone(),
+                h["token"].clone(),
+                h["client_id"].clone(),
+                h["version"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (
+                json!("GET"),
+                json!("accepted"),
+                json!(4),
+                json!("worker-3"),
+                json!(1)
+            ),
+            (
+                json!("PUT"),
+                json!("stale_token"),
+                json!(2),
+                json!("worker-2"),
+                json!(1)
+            ),
+            (
+                json!("PUT"),
+                json!("accepted"),
+                json!(3),
+                json!("worker-1"),
+                json!(1)
+            ),
+        ]
+    );
+    assert!(history[0]["seq"].as_i64() > history[1]["seq"].as_i64());
+    assert!(history[0]["at"].is_string());
+
+    let limited = api
+        .send(api.http.get(api.url("/pages/p/history?limit=1")))
+        .await
+        .expect(200);
+    assert_eq!(limited.json["history"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn list_health_readiness_and_metrics_answer() {
+    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    api.put_fenced("b", "x", 2).await.expect(201);
+    api.put_fenced("a", "x", 1).await.expect(201);
+    api.put_fenced("a", "x", 0).await.expect(409);
+
+    let list = api.send(api.http.get(api.url("/pages"))).await.expect(200);
+    assert_eq!(
+        list.json["pages"],
+        json!([
+            {"id": "a", "version": 1, "fence": {"issuer": "default", "token": 1}},
+            {"id": "b", "version": 1, "fence": {"issuer": "default", "token": 2}},
+        ])
+    );
+    api.send(api.http.get(api.url("/healthz")))
+        .await
+        .expect(200);
+    api.send(api.http.get(api.url("/readyz"))).await.expect(200);
+
+    let metrics = api
+        .http
+        .get(api.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"gateway_requests_total{method="PUT",outcome="accepted"} 2"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"gateway_requests_total{method="PUT",outcome="stale_token"} 1"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains("gateway_request_duration_seconds_bucket"));
+}
+
+/// One client request in the concurrency test, and what came back.
+struct Attempt {
+    write: bool,
+    token: i64,
+    status: u16,
+    json: Value,
+}
+
+#[tokio::test]
+async fn two_gateways_under_concurrent_random_tokens_never_accept_a_decreasing_token() {
+    let url = harness::fresh_database().await;
+    // Two gateways, each with its own pool: the only shared state is PostgreSQL.
+    let gw1 = gateway::spawn(&url, Fencing::Enforce).await.unwrap();
+    let gw2 = gateway::spawn(&url, Fencing::Enforce).await.unwrap();
+    let apis = [Api::new(gw1.url()), Api::new(gw2.url())];
+
+    let mut tasks = Vec::new();
+    for client in 0..16 {
+        let api = apis[client % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut attempts = Vec::new();
+            for i in 0..30 {
+                let (token, write) = {
+                    let mut rng = rand::rng();
+                    (rng.random_range(1..=40_i64), rng.random_bool(0.7))
+                };
+                let t = token.to_string();
+                let reply = if write {
+                    api.put(
+                        "hot",
+                        &format!("client {client} op {i} token {token}"),
+                        &[("Fencing-Token", &t)],
+                    )
+                    .await
+                } else {
+                    api.get("hot", &[("Fencing-Token", &t)]).await
+                };
+                attempts.push(Attempt {
+                    write,
+                    token,
+                    status: reply.status.as_u16(),
+                    json: reply.json,
+                });
+            }
+            attempts
+        }));
+    }
+    let mut attempts = Vec::new();
+    for t in tasks {
+        attempts.extend(t.await.unwrap());
+    }
+
+    // What the clients saw.
+    let mut accepted = 0;
+    let mut max_accepted = 0;
+    for a in &attempts {
+        match a.status {
+            200 | 201 => {
+                accepted += 1;
+                max_accepted = max_accepted.max(a.token);
+            }
+            404 => {
+                assert!(!a.write, "a write got 404: {}", a.json);
+                accepted += 1; // fenced read of an unwritten page: its fence counts
+                max_accepted = max_accepted.max(a.token);
+            }
+            409 => {
+                assert_eq!(a.json["error"], "stale_token", "{}", a.json);
+                assert!(
+                    a.json["current_token"].as_i64().unwrap() > a.token,
+                    "{}",
+                    a.json
+                );
+            }
+            s => panic!("unexpected {s}: {}", a.json),
+        }
+    }
+
+    // What the database committed, in commit order.
+    let mut history = apis[0].history("hot").await;
+    history.reverse();
+    assert_eq!(history.len(), attempts.len(), "one history row per attempt");
+    let (mut fence, mut version, mut accepted_in_history) = (0_i64, 0_i64, 0);
+    for h in &history {
+        let token = h["token"].as_i64().unwrap();
+        let after_fence = h["fence_token"].as_i64().unwrap_or(0);
+        let after_version = h["version"].as_i64().unwrap();
+        match h["outcome"].as_str().unwrap() {
+            "accepted" => {
+                assert!(
+                    token >= fence,
+                    "accepted token {token} below fence {fence}: {h}"
+                );
+                accepted_in_history += 1;
+                fence = token;
+                if h["method"] == "PUT" {
+                    version += 1;
+                }
+            }
+            "stale_token" => assert!(
+                token < fence,
+                "rejected token {token} not below fence {fence}: {h}"
+            ),
+            other => panic!("unexpected outcome {other}: {h}"),
+        }
+        assert_eq!(
+            (after_fence, after_version),
+            (fence, version),
+            "state after {h}"
+        );
+    }
+    assert_eq!(accepted_in_history, accepted);
+
+    let page = apis[1].get("hot", &[]).await.expect(200);
+    assert_eq!(page.json["fence"]["token"], max_accepted);
+    assert_eq!(page.json["version"], version);
+    // The body is the one written by the write that produced the final version.
+    let last_write = attempts
+        .iter()
+        .find(|a| a.write && a.status < 300 && a.json["version"] == version)
+        .expect("the final version's write");
+    assert_eq!(page.json["body"], last_write.json["body"]);
+
+    gw1.shutdown().await.unwrap();
+    gw2.shutdown().await.unwrap();
+}

@@ -1,0 +1,60 @@
+//! A PostgreSQL outage: 503 JSON while it is down, and recovery without a
+//! gateway restart once it is back.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Api;
+use gateway::Fencing;
+
+#[tokio::test]
+async fn database_outage_answers_503_json_and_the_gateway_recovers_by_itself() {
+    let mut pg = harness::Postgres::start().await;
+    let url = pg.create_database().await;
+    let gw = gateway::spawn(&url, Fencing::Enforce).await.unwrap();
+    let api = Api::new(gw.url());
+    api.put_fenced("p", "before", 1).await.expect(201);
+
+    pg.kill();
+    api.put_fenced("p", "during", 2)
+        .await
+        .expect_error(503, "database_unavailable");
+    api.get("p", &[])
+        .await
+        .expect_error(503, "database_unavailable");
+    api.send(api.http.get(api.url("/readyz")))
+        .await
+        .expect_error(503, "database_unavailable");
+    api.send(api.http.get(api.url("/healthz")))
+        .await
+        .expect(200);
+
+    pg.start_again().await;
+    // The pool reconnects on its own; the first requests may still see a dead
+    // connection being replaced, so poll (bounded) for readiness.
+    harness::wait_until(Duration::from_secs(20), || {
+        let api = api.clone();
+        async move {
+            let status = api
+                .http
+                .get(api.url("/readyz"))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .status();
+            if status.is_success() {
+                Ok(())
+            } else {
+                Err(format!("readyz {status}"))
+            }
+        }
+    })
+    .await
+    .expect("gateway ready again after PostgreSQL came back");
+
+    let page = api.get("p", &[]).await.expect(200);
+    assert_eq!(page.json["body"], "before", "the failed write left nothing");
+    api.put_fenced("p", "after", 2).await.expect(200);
+    gw.shutdown().await.unwrap();
+}

@@ -1,0 +1,527 @@
+//! compose.yaml, the Dockerfile and scripts/stack agree with the binaries.
+//!
+//! No Docker engine runs on these machines, so nothing here starts a container:
+//! - compose.yaml is validated by Debian's `docker-compose config` when it is
+//!   installed (`.ci/run` installs it), and parsed here with serde_yaml always;
+//! - every variable compose passes to a gateway or worker service is one of the
+//!   binary's clap arguments (`Config::command()`), and its value parses and
+//!   validates, for every `BACKEND`;
+//! - the Dockerfile builds and copies exactly the bin targets that `cargo
+//!   metadata` lists for the gateway and worker packages, with the workspace's
+//!   default features, and compose runs only those binaries;
+//! - `scripts/stack env NAME` gives each service the same variables and the same
+//!   worker settings as compose.yaml (hosts and ports of the backing services
+//!   differ by design: see scripts/stack).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::CommandFactory;
+use serde_yaml::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The variables read outside clap: tracing's EnvFilter reads RUST_LOG.
+const READ_OUTSIDE_CLAP: &[&str] = &["RUST_LOG"];
+
+/// Variables whose values name a host and port, which differ between compose
+/// (service names) and scripts/stack (127.0.0.1 and its own ports).
+const CONNECTION_VARS: &[&str] = &[
+    "DATABASE_URL",
+    "MYSQL_URL",
+    "REDIS_URL",
+    "REDLOCK_URLS",
+    "ZOOKEEPER_CONNECT",
+    "WORKER_GATEWAY",
+    "GATEWAY_LISTEN",
+];
+
+fn compose() -> Value {
+    let text = std::fs::read_to_string(repo().join("compose.yaml")).expect("read compose.yaml");
+    let mut value: Value = serde_yaml::from_str(&text).expect("compose.yaml is valid YAML");
+    // apply_merge resolves one level of `<<` per mapping; ours nest (worker-1
+    // merges x-worker, which merges x-app), so repeat until none is left.
+    for _ in 0..8 {
+        value.apply_merge().expect("compose.yaml merge keys");
+    }
+    assert!(
+        !serde_yaml::to_string(&value).unwrap().contains("<<:"),
+        "merge keys nested deeper than 8 levels"
+    );
+    value
+}
+
+fn services(compose: &Value) -> BTreeMap<String, Value> {
+    let services = compose
+        .get("services")
+        .and_then(Value::as_mapping)
+        .expect("compose.yaml has services");
+    services
+        .iter()
+        .map(|(k, v)| (k.as_str().expect("service name").to_owned(), v.clone()))
+        .collect()
+}
+
+/// `${VAR:-default}` and `${VAR}` as compose interpolates them, with `vars`
+/// standing in for the caller's environment.
+fn interpolate(text: &str, vars: &BTreeMap<&str, &str>) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').expect("unclosed ${") + start;
+        let inner = &rest[start + 2..end];
+        let (name, default) = inner.split_once(":-").unwrap_or((inner, ""));
+        out.push_str(vars.get(name).copied().unwrap_or(default));
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => panic!("environment value {other:?} is not a scalar"),
+    }
+}
+
+/// A service's environment after interpolation.
+fn environment(service: &Value, vars: &BTreeMap<&str, &str>) -> BTreeMap<String, String> {
+    let Some(env) = service.get("environment") else {
+        return BTreeMap::new();
+    };
+    let env = env
+        .as_mapping()
+        .expect("environment is a mapping (KEY: value)");
+    env.iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().expect("variable name").to_owned(),
+                interpolate(&scalar(v), vars),
+            )
+        })
+        .collect()
+}
+
+/// The program a service runs from our image (`gateway` or `worker`), if any.
+fn our_binary(service: &Value) -> Option<String> {
+    service.get("build")?;
+    let command = service.get("command")?.as_sequence()?;
+    Some(command.first()?.as_str()?.to_owned())
+}
+
+fn clap_command(binary: &str) -> clap::Command {
+    match binary {
+        "gateway" => gateway::Config::command(),
+        "worker" => worker::config::Config::command(),
+        other => panic!("compose runs {other:?}, which is not a binary of this workspace"),
+    }
+}
+
+/// Turn variables into command-line arguments (so the check does not depend
+/// on this process's own environment), failing on any the binary lacks.
+fn as_args(binary: &str, env: &BTreeMap<String, String>) -> Vec<String> {
+    let command = clap_command(binary);
+    let mut args = vec![binary.to_owned()];
+    for (name, value) in env {
+        if READ_OUTSIDE_CLAP.contains(&name.as_str()) {
+            continue;
+        }
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_env().and_then(|e| e.to_str()) == Some(name.as_str()))
+            .unwrap_or_else(|| {
+                panic!("compose passes {name} to {binary}, which has no argument reading it")
+            });
+        let long = arg.get_long().expect("env-backed args have a long flag");
+        if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
+            if value == "true" {
+                args.push(format!("--{long}"));
+            }
+        } else {
+            args.push(format!("--{long}={value}"));
+        }
+    }
+    args
+}
+
+#[test]
+fn compose_file_passes_docker_compose_config() {
+    let Ok(out) = Command::new("docker-compose").arg("version").output() else {
+        println!("SKIPPED: docker-compose is not installed (apt-get install docker-compose; .ci/run does); the serde_yaml checks still ran");
+        return;
+    };
+    assert!(out.status.success(), "docker-compose version failed");
+    for profile in [&[][..], &["--profile", "redlock", "--profile", "demo"][..]] {
+        let out = Command::new("docker-compose")
+            .current_dir(repo())
+            .args(["-f", "compose.yaml"])
+            .args(profile)
+            .args(["config", "-q"])
+            .output()
+            .expect("run docker-compose config");
+        assert!(
+            out.status.success(),
+            "docker-compose {profile:?} config -q rejects compose.yaml:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn every_service_is_pinned_healthchecked_and_waits_for_healthy_dependencies() {
+    let compose = compose();
+    let services = services(&compose);
+    for name in [
+        "postgres",
+        "redis",
+        "zookeeper",
+        "mariadb",
+        "gateway",
+        "gateway-unfenced",
+        "worker-1",
+        "worker-2",
+        "worker-3",
+        "redlock-1",
+        "redlock-5",
+    ] {
+        assert!(
+            services.contains_key(name),
+            "compose.yaml has no service {name}"
+        );
+    }
+    for (name, service) in &services {
+        let image = service.get("image").and_then(Value::as_str);
+        if service.get("build").is_none() {
+            let image = image.unwrap_or_else(|| panic!("{name} has neither build nor image"));
+            let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+            assert!(
+                tag.chars().next().is_some_and(|c| c.is_ascii_digit()) && tag.contains('.'),
+                "{name}: image {image} is not pinned to a version"
+            );
+        }
+        let test = service
+            .get("healthcheck")
+            .and_then(|h| h.get("test"))
+            .unwrap_or_else(|| panic!("{name} has no healthcheck"));
+        assert!(
+            test.as_sequence().is_some_and(|t| !t.is_empty()),
+            "{name}: empty healthcheck"
+        );
+        if let Some(deps) = service.get("depends_on") {
+            let deps = deps
+                .as_mapping()
+                .unwrap_or_else(|| panic!("{name}: depends_on must be a mapping with conditions"));
+            for (dep, spec) in deps {
+                let dep = dep.as_str().unwrap();
+                assert!(
+                    services.contains_key(dep),
+                    "{name} depends on unknown {dep}"
+                );
+                assert_eq!(
+                    spec.get("condition").and_then(Value::as_str),
+                    Some("service_healthy"),
+                    "{name} must wait for {dep} to be healthy"
+                );
+                assert!(
+                    services[dep].get("profiles").is_none() || service.get("profiles").is_some(),
+                    "{name} (always on) depends on {dep}, which only runs in a profile"
+                );
+            }
+        }
+    }
+    for i in 1..=5 {
+        let profiles = services[&format!("redlock-{i}")].get("profiles").cloned();
+        assert_eq!(profiles, Some(serde_yaml::from_str("[redlock]").unwrap()));
+    }
+    let gateway = environment(&services["gateway"], &BTreeMap::new());
+    let unfenced = environment(&services["gateway-unfenced"], &BTreeMap::new());
+    assert_eq!(gateway["GATEWAY_FENCING"], "enforce");
+    assert_eq!(unfenced["GATEWAY_FENCING"], "off");
+}
+
+#[test]
+fn every_variable_compose_passes_is_one_the_binaries_accept_for_every_backend() {
+    let compose = compose();
+    let mut checked = BTreeSet::new();
+    for backend in [
+        "redis",
+        "zookeeper",
+        "lease-postgres",
+        "lease-mysql",
+        "redlock",
+    ] {
+        // Redlock has no fencing token: the README runs it with fencing off.
+        let mut vars = BTreeMap::from([("BACKEND", backend)]);
+        if backend == "redlock" {
+            vars.insert("WORKER_FENCING", "off");
+            vars.insert("WORKER_GATEWAY", "http://gateway-unfenced:8081");
+        }
+        for (name, service) in services(&compose) {
+            let Some(binary) = our_binary(&service) else {
+                continue;
+            };
+            let env = environment(&service, &vars);
+            let args = as_args(&binary, &env);
+            match binary.as_str() {
+                "gateway" => {
+                    use clap::Parser;
+                    gateway::Config::try_parse_from(&args)
+                        .unwrap_or_else(|e| panic!("{name}: gateway rejects {args:?}: {e}"));
+                }
+                "worker" => {
+                    use clap::Parser;
+                    let config = worker::config::Config::try_parse_from(&args)
+                        .unwrap_or_else(|e| panic!("{name}: worker rejects {args:?}: {e}"));
+                    config
+                        .validate()
+                        .unwrap_or_else(|e| panic!("{name} with BACKEND={backend}: {e}"));
+                    assert_eq!(config.backend.name(), backend);
+                }
+                _ => unreachable!(),
+            }
+            checked.insert(name);
+        }
+    }
+    for name in [
+        "gateway",
+        "gateway-unfenced",
+        "worker-1",
+        "worker-2",
+        "worker-3",
+        "straggler",
+    ] {
+        assert!(checked.contains(name), "{name} was not checked");
+    }
+}
+
+#[test]
+fn redlock_with_fencing_on_is_refused_as_the_readme_says() {
+    use clap::Parser;
+    let services = services(&compose());
+    let env = environment(
+        &services["worker-1"],
+        &BTreeMap::from([("BACKEND", "redlock")]),
+    );
+    let config = worker::config::Config::try_parse_from(as_args("worker", &env)).expect("parses");
+    assert_eq!(
+        config.validate(),
+        Err(worker::config::ConfigError::RedlockNeedsFencingOff)
+    );
+}
+
+#[derive(serde::Deserialize)]
+struct Metadata {
+    packages: Vec<Package>,
+}
+
+#[derive(serde::Deserialize)]
+struct Package {
+    name: String,
+    targets: Vec<Target>,
+}
+
+#[derive(serde::Deserialize)]
+struct Target {
+    name: String,
+    kind: Vec<String>,
+}
+
+#[test]
+fn dockerfile_builds_and_copies_the_binaries_the_workspace_defines() {
+    let out = Command::new(env!("CARGO"))
+        .current_dir(repo())
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
+        .output()
+        .expect("run cargo metadata");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: Metadata = serde_json::from_slice(&out.stdout).expect("cargo metadata JSON");
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("read Dockerfile");
+
+    // The one `cargo build` line: its packages, and no feature changes.
+    let build: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.contains("cargo build"))
+        .collect();
+    assert_eq!(
+        build.len(),
+        1,
+        "expected one cargo build line, got {build:?}"
+    );
+    let words: Vec<&str> = build[0].split_whitespace().collect();
+    for flag in ["--release", "--locked"] {
+        assert!(
+            words.contains(&flag),
+            "the Docker build lacks {flag}: {}",
+            build[0]
+        );
+    }
+    assert!(
+        !words.iter().any(|w| w.contains("features")),
+        "the Docker build changes features; the workspace builds with the defaults: {}",
+        build[0]
+    );
+    let packages: BTreeSet<&str> = words
+        .windows(2)
+        .filter(|w| w[0] == "-p" || w[0] == "--package")
+        .map(|w| w[1])
+        .collect();
+    assert_eq!(packages, BTreeSet::from(["gateway", "worker"]));
+
+    let bins: BTreeSet<String> = metadata
+        .packages
+        .iter()
+        .filter(|p| packages.contains(p.name.as_str()))
+        .flat_map(|p| &p.targets)
+        .filter(|t| t.kind.iter().any(|k| k == "bin"))
+        .map(|t| t.name.clone())
+        .collect();
+    assert_eq!(
+        bins,
+        BTreeSet::from(["gateway".to_owned(), "worker".to_owned()]),
+        "the gateway and worker packages define these binaries"
+    );
+    for bin in &bins {
+        assert!(
+            dockerfile.contains(&format!("target/release/{bin}")),
+            "the Dockerfile does not take {bin} out of the build stage"
+        );
+        assert!(
+            dockerfile.contains(&format!("/out/{bin}")),
+            "the Dockerfile does not copy {bin} into the runtime image"
+        );
+    }
+    for (name, service) in services(&compose()) {
+        if let Some(binary) = our_binary(&service) {
+            assert!(
+                bins.contains(&binary),
+                "{name} runs {binary}, which the image lacks"
+            );
+        }
+    }
+}
+
+/// `scripts/stack env NAME`, with the defaults (none of the caller's overrides).
+fn stack_env(name: &str) -> BTreeMap<String, String> {
+    let out = Command::new(repo().join("scripts/stack"))
+        .args(["env", name])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .output()
+        .expect("run scripts/stack env");
+    assert!(
+        out.status.success(),
+        "scripts/stack env {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once('=').expect("KEY=value");
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+/// What a connection value says apart from its host and port: the scheme and
+/// the path (database name), or for GATEWAY_LISTEN / WORKER_GATEWAY the port
+/// the user sees.
+fn connection_shape(name: &str, value: &str) -> String {
+    match name {
+        "GATEWAY_LISTEN" | "WORKER_GATEWAY" => {
+            value.rsplit(':').next().unwrap_or_default().to_owned()
+        }
+        _ => value
+            .split(',')
+            .map(|url| {
+                let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+                let path = rest.split_once('/').map(|(_, p)| p).unwrap_or("");
+                format!("{scheme}:/{path}")
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
+#[test]
+fn stack_script_gives_each_service_the_variables_and_settings_compose_gives_it() {
+    let compose = compose();
+    let mut compared = 0;
+    for (name, service) in services(&compose) {
+        if our_binary(&service).is_none() {
+            continue;
+        }
+        let want = environment(&service, &BTreeMap::new());
+        let got = stack_env(&name);
+        assert_eq!(
+            want.keys().collect::<Vec<_>>(),
+            got.keys().collect::<Vec<_>>(),
+            "{name}: compose.yaml and scripts/stack pass different variables"
+        );
+        for (key, value) in &want {
+            if CONNECTION_VARS.contains(&key.as_str()) {
+                assert_eq!(
+                    connection_shape(key, value),
+                    connection_shape(key, &got[key]),
+                    "{name}: {key} is {value} in compose, {} in scripts/stack",
+                    got[key]
+                );
+            } else {
+                assert_eq!(
+                    value, &got[key],
+                    "{name}: {key} differs between compose and scripts/stack"
+                );
+            }
+        }
+        compared += 1;
+    }
+    assert!(compared >= 7, "only {compared} services compared");
+}
+
+#[test]
+fn connection_shape_ignores_hosts_but_not_databases() {
+    assert_eq!(
+        connection_shape(
+            "DATABASE_URL",
+            "postgres://postgres:demo@postgres:5432/pages"
+        ),
+        connection_shape("DATABASE_URL", "postgres://postgres@127.0.0.1:15432/pages")
+    );
+    assert_ne!(
+        connection_shape("DATABASE_URL", "postgres://p@h:1/pages"),
+        connection_shape("DATABASE_URL", "postgres://p@h:1/other")
+    );
+    assert_eq!(connection_shape("GATEWAY_LISTEN", "0.0.0.0:8081"), "8081");
+    assert_eq!(
+        connection_shape("WORKER_GATEWAY", "http://gateway:8080"),
+        "8080"
+    );
+    assert_eq!(
+        interpolate(
+            "${BACKEND:-redis}",
+            &BTreeMap::from([("BACKEND", "zookeeper")])
+        ),
+        "zookeeper"
+    );
+    assert_eq!(interpolate("a ${X:-b} c", &BTreeMap::new()), "a b c");
+}

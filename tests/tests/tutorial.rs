@@ -1,0 +1,319 @@
+//! The README's tutorial, run against the real stack so the README cannot rot.
+//!
+//! # The convention (also stated in the README)
+//! Every fenced block marked ```` ```console ```` in README.md is a checked
+//! transcript. A line starting with `$ ` is a command; the lines after it, up to
+//! the next `$ ` or the end of the block, are what it prints. In the expected
+//! output, `...` inside a line matches any text (timestamps, sizes), and a line
+//! that is exactly `...` matches any number of lines, none included. Carriage
+//! returns (curl `-i` headers) are ignored. Only `curl` commands may appear in
+//! console blocks; `docker compose` steps are in ```` ```sh ```` blocks because
+//! these machines have no Docker engine, so they cannot run here (compose.yaml
+//! is checked by tests/tests/compose.rs instead).
+//!
+//! # The stack
+//! `scripts/stack up` starts the same topology as compose.yaml from the Debian
+//! packages, in a temp state dir, on free ports passed through its `STACK_*`
+//! variables (so nothing collides with another test or a stack a person runs),
+//! with the gateway and worker binaries `cargo build --workspace --bins` left in
+//! the target dir (scripts/test builds them before the tests). The curls say
+//! `localhost:8080` / `localhost:8081`; the test rewrites those to its ports.
+//! `scripts/stack down` runs on drop, also when an assertion fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The target dir's profile dir (…/target/debug), where `cargo build --bins`
+/// put the gateway and worker binaries: this test binary is in its `deps/`.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    for bin in ["gateway", "worker"] {
+        assert!(
+            dir.join(bin).is_file(),
+            "{} is missing: build the binaries first (`cargo build --workspace --bins`, as scripts/test does)",
+            dir.join(bin).display()
+        );
+    }
+    dir.to_path_buf()
+}
+
+/// A running `scripts/stack`, stopped on drop.
+struct Stack {
+    _state: TempDir,
+    env: Vec<(String, String)>,
+    gateway: u16,
+    unfenced: u16,
+}
+
+impl Stack {
+    fn up() -> Stack {
+        let state = tempfile::Builder::new()
+            .prefix("stack-tutorial-")
+            .tempdir()
+            .expect("temp dir");
+        // Run as root, PostgreSQL runs as `postgres` and must get through this dir.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod state dir");
+        let port = || harness::free_port().to_string();
+        let gateway = harness::free_port();
+        let unfenced = harness::free_port();
+        let redlock: Vec<String> = (0..5).map(|_| port()).collect();
+        let env = vec![
+            (
+                "STACK_DIR".into(),
+                state.path().join("stack").display().to_string(),
+            ),
+            ("STACK_BIN_DIR".into(), bin_dir().display().to_string()),
+            ("STACK_GATEWAY_PORT".into(), gateway.to_string()),
+            ("STACK_UNFENCED_PORT".into(), unfenced.to_string()),
+            ("STACK_POSTGRES_PORT".into(), port()),
+            ("STACK_REDIS_PORT".into(), port()),
+            ("STACK_ZOOKEEPER_PORT".into(), port()),
+            ("STACK_MARIADB_PORT".into(), port()),
+            ("STACK_REDLOCK_PORTS".into(), redlock.join(" ")),
+            // The README's default backend; never inherit the caller's choice.
+            ("BACKEND".into(), "redis".into()),
+        ];
+        let stack = Stack {
+            _state: state,
+            env,
+            gateway,
+            unfenced,
+        };
+        let out = stack.script(&["up"]);
+        if !out.status.success() {
+            panic!(
+                "scripts/stack up failed:\n{}{}\n--- logs ---\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                stack.logs()
+            );
+        }
+        stack
+    }
+
+    fn script(&self, args: &[&str]) -> Output {
+        Command::new(repo().join("scripts/stack"))
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env_remove("WORKER_GATEWAY")
+            .env_remove("WORKER_FENCING")
+            .output()
+            .expect("run scripts/stack")
+    }
+
+    fn logs(&self) -> String {
+        String::from_utf8_lossy(&self.script(&["logs"]).stdout).into_owned()
+    }
+
+    /// Run a README command, with the documented ports replaced by ours.
+    fn sh(&self, command: &str) -> String {
+        let command = command
+            .replace("localhost:8080", &format!("127.0.0.1:{}", self.gateway))
+            .replace("localhost:8081", &format!("127.0.0.1:{}", self.unfenced));
+        let out = Command::new("sh")
+            .args(["-c", &command])
+            .output()
+            .expect("run sh");
+        assert!(
+            out.status.success(),
+            "`{command}` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).replace('\r', "")
+    }
+
+    /// Wait (bounded) until `command` prints something matching `expected`.
+    fn wait_for(&self, command: &str, expected: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let got = self.sh(command);
+            if line_matches(expected, got.trim_end()) {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "`{command}` never printed {expected:?} (last: {got:?})\n--- logs ---\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let out = self.script(&["down"]);
+        if !out.status.success() {
+            eprintln!(
+                "scripts/stack down failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// One `$ command` of a console block and what it prints.
+#[derive(Debug, Clone, PartialEq)]
+struct Step {
+    line: usize,
+    command: String,
+    expected: Vec<String>,
+}
+
+/// Every command of every ```console block of `markdown`, in order.
+fn console_steps(markdown: &str) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::new();
+    let mut in_console = false;
+    for (i, line) in markdown.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("```") {
+            in_console = !in_console && trimmed.trim_start_matches('`').trim() == "console";
+            continue;
+        }
+        if !in_console {
+            continue;
+        }
+        if let Some(command) = line.strip_prefix("$ ") {
+            steps.push(Step {
+                line: i + 1,
+                command: command.to_owned(),
+                expected: Vec::new(),
+            });
+        } else if let Some(step) = steps.last_mut() {
+            step.expected.push(line.to_owned());
+        } else {
+            panic!(
+                "README.md:{}: console block output before any `$ ` command",
+                i + 1
+            );
+        }
+    }
+    steps
+}
+
+/// `...` inside an expected line matches any text.
+fn line_matches(expected: &str, actual: &str) -> bool {
+    let parts: Vec<&str> = expected.split("...").collect();
+    if parts.len() == 1 {
+        return expected == actual;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !actual.starts_with(first)
+        || actual.len() < first.len() + last.len()
+        || !actual.ends_with(last)
+    {
+        return false;
+    }
+    let mut rest = &actual[first.len()..actual.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// Expected lines against actual lines; an expected line `...` matches any
+/// number of actual lines.
+fn output_matches(expected: &[String], actual: &[&str]) -> bool {
+    match expected.split_first() {
+        None => actual.is_empty(),
+        Some((e, rest)) if e == "..." => {
+            (0..=actual.len()).any(|skip| output_matches(rest, &actual[skip..]))
+        }
+        Some((e, rest)) => match actual.split_first() {
+            Some((a, arest)) => line_matches(e, a) && output_matches(rest, arest),
+            None => false,
+        },
+    }
+}
+
+#[test]
+fn matcher_follows_the_documented_convention() {
+    assert!(line_matches("a...c", "abbbc"));
+    assert!(line_matches(
+        "date: ...",
+        "date: Sat, 21 Nov 2026 19:30:00 GMT"
+    ));
+    assert!(!line_matches("a...c", "abd"));
+    assert!(!line_matches("abc", "abcd"));
+    assert!(line_matches(
+        r#"{"at":"...","v":1}"#,
+        r#"{"at":"2026-11-21T19:30:00Z","v":1}"#
+    ));
+    let exp = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(output_matches(
+        &exp(&["HTTP/1.1 200 OK", "...", "{}"]),
+        &["HTTP/1.1 200 OK", "a: b", "c: d", "{}"]
+    ));
+    assert!(output_matches(&exp(&["x", "...", "y"]), &["x", "y"]));
+    assert!(!output_matches(&exp(&["x", "...", "y"]), &["x", "z"]));
+    let steps = console_steps(
+        "text\n```console\n$ curl a\nout 1\nout 2\n$ curl b\n```\n```sh\n$ no\n```\n",
+    );
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[0].command, "curl a");
+    assert_eq!(steps[0].expected, ["out 1", "out 2"]);
+    assert!(steps[1].expected.is_empty());
+}
+
+#[test]
+fn readme_curl_transcripts_print_what_the_readme_says() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
+    let steps = console_steps(&readme);
+    assert!(
+        steps.len() >= 6,
+        "README.md has only {} console commands: the tutorial's curl steps should be ```console blocks",
+        steps.len()
+    );
+    for step in &steps {
+        assert!(
+            step.command.starts_with("curl "),
+            "README.md:{}: console blocks hold curl commands only (use ```sh for the rest): {}",
+            step.line,
+            step.command
+        );
+    }
+
+    let stack = Stack::up();
+    // Step 1 reads the workers' page: wait until they have written it once.
+    stack.wait_for(
+        "curl -s -o /dev/null -w '%{http_code}' localhost:8080/pages/demo",
+        "200",
+        Duration::from_secs(60),
+    );
+
+    let mut failures = Vec::new();
+    for step in &steps {
+        let got = stack.sh(&step.command);
+        let got_lines: Vec<&str> = got.trim_end_matches('\n').lines().collect();
+        if !output_matches(&step.expected, &got_lines) {
+            failures.push(format!(
+                "README.md:{}: $ {}\n--- expected ---\n{}\n--- got ---\n{}",
+                step.line,
+                step.command,
+                step.expected.join("\n"),
+                got_lines.join("\n")
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

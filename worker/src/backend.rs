@@ -1,0 +1,71 @@
+//! From `--backend` and its connection settings to a running [`LockService`].
+
+use std::sync::Arc;
+
+use crate::config::{Backend, Config, ConfigError};
+use crate::lock::lease_table::LeaseTable;
+use crate::lock::redis::RedisLock;
+use crate::lock::redlock::Redlock;
+use crate::lock::zookeeper::ZooKeeperLock;
+use crate::lock::{LockError, LockService};
+
+/// Why no lock service could be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The configuration is wrong; retrying cannot help.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The lock service refused or could not be reached.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+}
+
+impl BackendError {
+    pub fn is_transient(&self) -> bool {
+        matches!(self, BackendError::Lock(e) if e.is_transient())
+    }
+}
+
+/// Connect to the configured lock service. ZooKeeper's session timeout is
+/// `--ttl`: the holder trusts its session no longer than that.
+pub async fn connect(config: &Config) -> Result<Arc<dyn LockService>, BackendError> {
+    config.validate()?;
+    let missing = |setting| ConfigError::Missing {
+        backend: config.backend.name(),
+        setting,
+    };
+    let service: Arc<dyn LockService> = match config.backend {
+        Backend::Redis => {
+            let url = config.redis_url.as_deref().ok_or(missing("--redis-url"))?;
+            Arc::new(RedisLock::connect(url).await?)
+        }
+        Backend::Redlock => {
+            let urls: Vec<String> = config
+                .redlock_urls
+                .iter()
+                .map(|u| u.trim().to_string())
+                .filter(|u| !u.is_empty())
+                .collect();
+            Arc::new(Redlock::connect(&urls).await?)
+        }
+        Backend::Zookeeper => {
+            let connect = config
+                .zookeeper_connect
+                .as_deref()
+                .ok_or(missing("--zookeeper-connect"))?;
+            Arc::new(ZooKeeperLock::connect(connect, config.ttl).await?)
+        }
+        Backend::LeasePostgres => {
+            let url = config
+                .database_url
+                .as_deref()
+                .ok_or(missing("--database-url"))?;
+            Arc::new(LeaseTable::postgres(url).await?)
+        }
+        Backend::LeaseMysql => {
+            let url = config.mysql_url.as_deref().ok_or(missing("--mysql-url"))?;
+            Arc::new(LeaseTable::mysql(url).await?)
+        }
+    };
+    Ok(service)
+}

@@ -1,0 +1,229 @@
+//! The worker's command line: one flag per setting, each with an env fallback
+//! (compose and the scripts pass the same variables).
+
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Edit one page through the gateway under a lock, over and over, and say what
+/// happened at every step.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "worker", version)]
+pub struct Config {
+    /// Which lock service guards the page.
+    #[arg(long, env = "WORKER_BACKEND", value_enum)]
+    pub backend: Backend,
+
+    /// Redis URL for `--backend redis`, e.g. redis://127.0.0.1:6379.
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+
+    /// Comma-separated URLs of the independent Redis masters for `--backend redlock`.
+    #[arg(long, env = "REDLOCK_URLS", value_delimiter = ',')]
+    pub redlock_urls: Vec<String>,
+
+    /// ZooKeeper connect string for `--backend zookeeper`, e.g. 127.0.0.1:2181.
+    #[arg(long, env = "ZOOKEEPER_CONNECT")]
+    pub zookeeper_connect: Option<String>,
+
+    /// PostgreSQL URL of the lease table for `--backend lease-postgres`.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    /// MySQL/MariaDB URL of the lease table for `--backend lease-mysql`.
+    #[arg(long, env = "MYSQL_URL")]
+    pub mysql_url: Option<String>,
+
+    /// Base URL of the gateway, e.g. http://127.0.0.1:8080.
+    #[arg(long, env = "WORKER_GATEWAY")]
+    pub gateway: String,
+
+    /// Id of the page to edit; the lock is named `page:<id>`.
+    #[arg(long, env = "WORKER_PAGE", default_value = "demo")]
+    pub page: String,
+
+    /// Name written into every edit line and sent as Client-Id (default: hostname-pid).
+    #[arg(long, env = "WORKER_CLIENT_ID")]
+    pub client_id: Option<String>,
+
+    /// Stop after this many edit attempts (0 or absent: unbounded unless --duration).
+    #[arg(long, env = "WORKER_EDITS")]
+    pub edits: Option<u64>,
+
+    /// Stop starting new edits after this long, e.g. 30s.
+    #[arg(long, env = "WORKER_DURATION", value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Lifetime of a grant when nobody renews it (ZooKeeper: the session timeout).
+    #[arg(long, env = "WORKER_TTL", value_parser = humantime::parse_duration, default_value = "2s")]
+    pub ttl: Duration,
+
+    /// How long one acquire waits for the lock before trying again.
+    #[arg(long, env = "WORKER_WAIT", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub wait: Duration,
+
+    /// Milliseconds spent between the read and the write (the "work").
+    #[arg(long, env = "WORKER_WORK_MS", default_value_t = 100)]
+    pub work_ms: u64,
+
+    /// `on`: send the lease's token with every read and write; `off`: send none
+    /// (the demonstration of what goes wrong without fencing).
+    #[arg(long, env = "WORKER_FENCING", value_enum, default_value_t = FencingMode::On)]
+    pub fencing: FencingMode,
+
+    /// Also send If-Match with the version read (optimistic concurrency). Off by
+    /// default so that the fencing demo is not silently rescued by version checks.
+    #[arg(long, env = "WORKER_IF_MATCH")]
+    pub if_match: bool,
+
+    /// `jsonl`: one JSON object per step on stdout; `none`: only the logs on stderr.
+    #[arg(long, env = "WORKER_EVENTS", value_enum, default_value_t = EventsMode::None)]
+    pub events: EventsMode,
+
+    /// Raise SIGSTOP on this very process once, right after emitting this event
+    /// (`read` or `writing`), for deterministic pause demos. SIGCONT resumes it.
+    #[arg(long, env = "WORKER_STOP_SELF_AT", value_enum)]
+    pub stop_self_at: Option<StopAt>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    Redis,
+    Redlock,
+    Zookeeper,
+    LeasePostgres,
+    LeaseMysql,
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Redis => "redis",
+            Backend::Redlock => "redlock",
+            Backend::Zookeeper => "zookeeper",
+            Backend::LeasePostgres => "lease-postgres",
+            Backend::LeaseMysql => "lease-mysql",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FencingMode {
+    On,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventsMode {
+    Jsonl,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StopAt {
+    Read,
+    Writing,
+}
+
+/// A configuration the worker refuses before touching any service.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "Redlock cannot be used with --fencing on: it has no safe fencing token. Its N \
+         independent masters share no counter, so no number minted at grant time is \
+         guaranteed to grow across grants (a master that restarts or a clock that jumps \
+         lets two clients hold the lock with no order between them). Run it with \
+         --fencing off (against a gateway with GATEWAY_FENCING=off) to see what it does \
+         without fencing, or pick redis, zookeeper, lease-postgres or lease-mysql"
+    )]
+    RedlockNeedsFencingOff,
+
+    #[error("--backend {backend} needs {setting}")]
+    Missing {
+        backend: &'static str,
+        setting: &'static str,
+    },
+
+    #[error("invalid {what}: {detail}")]
+    Invalid { what: &'static str, detail: String },
+}
+
+impl Config {
+    /// Check what clap cannot: the settings each backend needs, and Redlock's
+    /// refusal of fencing.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let backend = self.backend.name();
+        let missing = |setting| ConfigError::Missing { backend, setting };
+        match self.backend {
+            Backend::Redis if self.redis_url.is_none() => {
+                return Err(missing("--redis-url / REDIS_URL"))
+            }
+            Backend::Redlock if self.fencing == FencingMode::On => {
+                return Err(ConfigError::RedlockNeedsFencingOff)
+            }
+            Backend::Redlock if self.redlock_urls.iter().all(|u| u.trim().is_empty()) => {
+                return Err(missing("--redlock-urls / REDLOCK_URLS"))
+            }
+            Backend::Zookeeper if self.zookeeper_connect.is_none() => {
+                return Err(missing("--zookeeper-connect / ZOOKEEPER_CONNECT"))
+            }
+            Backend::LeasePostgres if self.database_url.is_none() => {
+                return Err(missing("--database-url / DATABASE_URL"))
+            }
+            Backend::LeaseMysql if self.mysql_url.is_none() => {
+                return Err(missing("--mysql-url / MYSQL_URL"))
+            }
+            _ => {}
+        }
+        if !self.gateway.starts_with("http://") && !self.gateway.starts_with("https://") {
+            return Err(ConfigError::Invalid {
+                what: "--gateway",
+                detail: format!("{:?} is not an http:// or https:// URL", self.gateway),
+            });
+        }
+        let page_ok = !self.page.is_empty()
+            && self.page.len() <= 128
+            && self
+                .page
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !page_ok {
+            return Err(ConfigError::Invalid {
+                what: "--page",
+                detail: format!("{:?} is not 1 to 128 of [A-Za-z0-9_-]", self.page),
+            });
+        }
+        if self.ttl.is_zero() {
+            return Err(ConfigError::Invalid {
+                what: "--ttl",
+                detail: "zero".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The client id: the flag, or `<hostname>-<pid>`.
+    pub fn client_id(&self) -> String {
+        self.client_id.clone().unwrap_or_else(|| {
+            let host = hostname::get()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "worker".into());
+            format!("{host}-{}", std::process::id())
+        })
+    }
+
+    /// The lock guarding the page.
+    pub fn lock_name(&self) -> String {
+        format!("page:{}", self.page)
+    }
+
+    pub fn fenced(&self) -> bool {
+        self.fencing == FencingMode::On
+    }
+
+    /// How many edits to attempt; `None` = unbounded.
+    pub fn edit_limit(&self) -> Option<u64> {
+        self.edits.filter(|&n| n > 0)
+    }
+}

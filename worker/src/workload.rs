@@ -1,0 +1,547 @@
+//! The edit loop: acquire `page:<id>`, fenced read, append a line, work, check
+//! the lease, fenced write, release. Over and over, on any backend.
+//!
+//! One edit that got the lock ends in exactly one outcome: acknowledged,
+//! rejected by the fence, abandoned on a lost lock, or an error. Transient
+//! failures (gateway 503 or unreachable, lock service unreachable) are retried
+//! with jittered backoff inside the edit while the lease holds; they never end
+//! the run.
+//!
+//! The check in step 5 and the write in step 6 are not atomic, and nothing in a
+//! client can make them so: a pause between them (`--stop-self-at writing`) is
+//! invisible here. Only the gateway's fence catches it.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{raise, Signal};
+use rand::Rng;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{self, BackendError};
+use crate::client::{Fence, GatewayClient, GatewayError};
+use crate::config::{Config, ConfigError, StopAt};
+use crate::events::{Event, EventSink, Stage, Summary};
+use crate::lock::{Lease, LockError, LockService};
+
+/// Why the worker could not run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(
+        "{issuer} granted a lease without a fencing token ({reason}); with --fencing on \
+         the worker refuses to write unfenced. Use --fencing off to run without fencing"
+    )]
+    Unfenced { issuer: String, reason: String },
+    #[error("the gateway client could not be built: {0}")]
+    Gateway(#[from] GatewayError),
+}
+
+impl RunError {
+    /// 2 for what the user must fix in the configuration, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Config(_) | RunError::Unfenced { .. } | RunError::Gateway(_) => 2,
+            RunError::Backend(BackendError::Lock(_)) => 1,
+            RunError::Backend(_) => 2,
+        }
+    }
+}
+
+/// Run edits until `--edits` or `--duration` is reached or `shutdown`
+/// resolves; then finish (or abandon) the current edit, release, emit the
+/// summary and return it.
+pub async fn run<F>(config: Config, shutdown: F) -> Result<Summary, RunError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    config.validate()?;
+    let client_id = config.client_id();
+    let events = EventSink::stdout(config.events, &client_id, &config.page);
+
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            tracing::info!("shutdown requested: finishing the current edit");
+            stop.cancel();
+        }
+    });
+    if let Some(d) = config.duration {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(d).await;
+            stop.cancel();
+        });
+    }
+
+    let gateway = GatewayClient::new(&config.gateway, &client_id)?;
+    let Some(locks) = connect(&config, &stop).await? else {
+        let summary = Summary::default();
+        events.emit(None, Event::Summary(summary));
+        return Ok(summary);
+    };
+    tracing::info!(
+        backend = config.backend.name(),
+        issuer = locks.issuer(),
+        client = %client_id,
+        page = %config.page,
+        fencing = ?config.fencing,
+        "worker started"
+    );
+    let mut workload = Workload {
+        lock_name: config.lock_name(),
+        config,
+        client_id,
+        events,
+        locks,
+        gateway,
+        stop,
+        stopped_self: AtomicBool::new(false),
+        summary: Summary::default(),
+    };
+    let result = workload.run_edits().await;
+    let summary = workload.summary;
+    workload.events.emit(None, Event::Summary(summary));
+    result.map(|()| summary)
+}
+
+/// Connect to the lock service, retrying while it is unreachable. `None` when
+/// stopped before it answered.
+async fn connect(
+    config: &Config,
+    stop: &CancellationToken,
+) -> Result<Option<Arc<dyn LockService>>, RunError> {
+    let mut backoff = Backoff::new();
+    loop {
+        let attempt = tokio::select! {
+            r = backend::connect(config) => r,
+            _ = stop.cancelled() => return Ok(None),
+        };
+        match attempt {
+            Ok(locks) => return Ok(Some(locks)),
+            Err(e) if e.is_transient() => {
+                tracing::warn!("lock service not reachable yet, retrying: {e}");
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if !backoff.sleep_or(stop).await {
+            return Ok(None);
+        }
+    }
+}
+
+/// How one edit that got the lock ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Acknowledged,
+    /// Refused by the fence. `regressed`: refused although the lease is fresh
+    /// and intact, so the lock service's counter went backwards.
+    Rejected {
+        regressed: bool,
+    },
+    Abandoned,
+    Error,
+}
+
+/// What a retried gateway call came to.
+enum Tried<T> {
+    Done(T),
+    Failed(GatewayError),
+    Lost(String),
+    Interrupted,
+}
+
+struct Workload {
+    config: Config,
+    client_id: String,
+    lock_name: String,
+    events: EventSink,
+    locks: Arc<dyn LockService>,
+    gateway: GatewayClient,
+    stop: CancellationToken,
+    stopped_self: AtomicBool,
+    summary: Summary,
+}
+
+impl Workload {
+    async fn run_edits(&mut self) -> Result<(), RunError> {
+        let mut backoff = Backoff::new();
+        while !self.stop.is_cancelled() {
+            if let Some(limit) = self.config.edit_limit() {
+                if self.summary.attempted >= limit {
+                    break;
+                }
+            }
+            let Some(lease) = self.acquire().await? else {
+                break;
+            };
+            self.summary.attempted += 1;
+            let n = self.summary.attempted;
+            let outcome = self.edit(n, &lease).await;
+            self.release(n, lease).await;
+            match outcome {
+                Outcome::Acknowledged => self.summary.acknowledged += 1,
+                Outcome::Rejected { .. } => self.summary.rejected += 1,
+                Outcome::Abandoned => self.summary.abandoned += 1,
+                Outcome::Error => self.summary.errors += 1,
+            }
+            // Going straight on is right after a normal outcome; after a failure
+            // that will repeat (a counter that went backwards, a refused request)
+            // back off instead of spinning.
+            match outcome {
+                Outcome::Rejected { regressed: true } | Outcome::Error => {
+                    backoff.sleep_or(&self.stop).await;
+                }
+                _ => backoff.reset(),
+            }
+        }
+        Ok(())
+    }
+
+    /// Acquire the page's lock, retrying failures. `None` when stopped first.
+    async fn acquire(&mut self) -> Result<Option<Lease>, RunError> {
+        let mut backoff = Backoff::new();
+        loop {
+            let attempt = tokio::select! {
+                r = self.locks.acquire(&self.lock_name, self.config.ttl, self.config.wait) => r,
+                _ = self.stop.cancelled() => return Ok(None),
+            };
+            let e = match attempt {
+                Ok(lease) => {
+                    if self.config.fenced() && lease.token().is_none() {
+                        let reason = match lease.fencing() {
+                            crate::lock::Fencing::Unfenced { reason } => reason.to_string(),
+                            crate::lock::Fencing::Token(_) => String::new(),
+                        };
+                        let issuer = lease.issuer().to_string();
+                        let _ = lease.release().await;
+                        return Err(RunError::Unfenced { issuer, reason });
+                    }
+                    return Ok(Some(lease));
+                }
+                Err(e) => e,
+            };
+            if let LockError::InvalidConfig(_) = e {
+                return Err(BackendError::Lock(e).into());
+            }
+            self.summary.lock_failures += 1;
+            let next = self.summary.attempted + 1;
+            self.events.emit(
+                Some(next),
+                Event::Error {
+                    during: Stage::Acquire,
+                    transient: e.is_transient(),
+                    message: e.to_string(),
+                },
+            );
+            if matches!(e, LockError::Timeout { .. }) {
+                // Waited the whole --wait already; try again at once.
+                if self.stop.is_cancelled() {
+                    return Ok(None);
+                }
+                continue;
+            }
+            if !backoff.sleep_or(&self.stop).await {
+                return Ok(None);
+            }
+        }
+    }
+
+    #[tracing::instrument(name = "edit", skip_all, fields(n, token = ?lease.token()))]
+    async fn edit(&self, n: u64, lease: &Lease) -> Outcome {
+        let token = lease.token();
+        let page_id = &self.config.page;
+        self.emit(
+            n,
+            Event::Acquired {
+                token,
+                issuer: lease.issuer().to_string(),
+            },
+        );
+        let fence = match (self.config.fenced(), token) {
+            (true, Some(token)) => Some(Fence {
+                token,
+                issuer: lease.issuer().to_string(),
+            }),
+            _ => None,
+        };
+
+        // 2. Fenced read; a page that does not exist yet reads as empty.
+        let page = match self
+            .retrying(n, Stage::Read, lease, || {
+                self.gateway.get(page_id, fence.as_ref())
+            })
+            .await
+        {
+            Tried::Done(page) => page,
+            Tried::Failed(e) => return self.refused(n, Stage::Read, lease, e),
+            Tried::Lost(reason) => return self.lost(n, reason),
+            Tried::Interrupted => return self.interrupted(n, Stage::Read),
+        };
+        self.emit(
+            n,
+            Event::Read {
+                version: page.version,
+            },
+        );
+        self.maybe_stop_self(StopAt::Read);
+
+        // 3. Append our line.
+        let line = format!(
+            "{} #{n} token={}",
+            self.client_id,
+            token.map_or_else(|| "none".to_string(), |t| t.to_string())
+        );
+        let mut body = page.body;
+        if !body.is_empty() && !body.ends_with('\n') {
+            body.push('\n');
+        }
+        body.push_str(&line);
+        body.push('\n');
+
+        // 4. Work.
+        tokio::time::sleep(Duration::from_millis(self.config.work_ms)).await;
+
+        // 5. The lost-lock check: the last moment a client can notice.
+        if let Some(reason) = lease.lost_reason() {
+            return self.lost(n, reason);
+        }
+
+        // 6. Fenced write. From `writing` on, a pause goes unnoticed here.
+        let if_match = self.config.if_match.then_some(page.version);
+        let (line_ref, body_ref, fence_ref) = (&line, &body, fence.as_ref());
+        let written = self
+            .retrying(n, Stage::Write, lease, move || async move {
+                self.emit(
+                    n,
+                    Event::Writing {
+                        token,
+                        fenced: fence_ref.is_some(),
+                        line: line_ref.clone(),
+                    },
+                );
+                self.maybe_stop_self(StopAt::Writing);
+                self.gateway
+                    .put(page_id, body_ref, fence_ref, if_match)
+                    .await
+            })
+            .await;
+        match written {
+            Tried::Done(w) => {
+                self.emit(
+                    n,
+                    Event::Wrote {
+                        status: w.status,
+                        version: w.page.version,
+                        token,
+                        line,
+                    },
+                );
+                Outcome::Acknowledged
+            }
+            Tried::Failed(e) => self.refused(n, Stage::Write, lease, e),
+            Tried::Lost(reason) => self.lost(n, reason),
+            Tried::Interrupted => self.interrupted(n, Stage::Write),
+        }
+    }
+
+    /// Call the gateway, retrying transient failures with backoff while the
+    /// lease holds.
+    async fn retrying<T, F, Fut>(&self, n: u64, stage: Stage, lease: &Lease, mut op: F) -> Tried<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, GatewayError>>,
+    {
+        let mut backoff = Backoff::new();
+        loop {
+            match op().await {
+                Ok(v) => return Tried::Done(v),
+                Err(e) if e.is_transient() => {
+                    self.emit(
+                        n,
+                        Event::Error {
+                            during: stage,
+                            transient: true,
+                            message: e.to_string(),
+                        },
+                    );
+                    if !backoff.sleep_or(&self.stop).await {
+                        return Tried::Interrupted;
+                    }
+                    if let Some(reason) = lease.lost_reason() {
+                        return Tried::Lost(reason);
+                    }
+                }
+                Err(e) => return Tried::Failed(e),
+            }
+        }
+    }
+
+    /// The gateway refused the read or the write for good.
+    fn refused(&self, n: u64, during: Stage, lease: &Lease, e: GatewayError) -> Outcome {
+        let what = if during == Stage::Read {
+            "read"
+        } else {
+            "write"
+        };
+        let (status, code) = e.status_and_code();
+        let show = |t: Option<u64>| t.map_or_else(|| "?".to_string(), |t| t.to_string());
+        let (token, current, message, outcome) = match &e {
+            GatewayError::StaleToken {
+                offered, current, ..
+            } => {
+                // Refused although we were granted the lock a moment ago, without a
+                // pause, and still hold it: the fence can only be ahead of us if the
+                // lock service handed out lower numbers than it did before.
+                let regressed = !lease.is_lost() && lease.acquired_at().elapsed() < lease.ttl();
+                let message = if regressed {
+                    format!(
+                        "the lock service's token counter went backwards: {issuer} granted us \
+                         token {} a moment ago and the lease still holds, yet the page's fence \
+                         is already at {}. A lock service that forgets its counter (for example \
+                         Redis restarted without persistence) issues tokens the gateway has \
+                         already passed, so every holder is rejected: safe, but stuck until the \
+                         counter is raised past the fence. See docs/OPERATIONS.md",
+                        show(*offered),
+                        show(*current),
+                        issuer = lease.issuer(),
+                    )
+                } else {
+                    format!(
+                        "lease was lost and the fence rejected the {what} (offered token {}, \
+                         page fence {})",
+                        show(*offered),
+                        show(*current)
+                    )
+                };
+                (*offered, *current, message, Outcome::Rejected { regressed })
+            }
+            GatewayError::IssuerMismatch { message } => (
+                lease.token(),
+                None,
+                format!(
+                    "the fence rejected the {what}: the page is fenced by another lock service \
+                     than {} and tokens of different services are never comparable ({message})",
+                    lease.issuer()
+                ),
+                Outcome::Rejected { regressed: false },
+            ),
+            GatewayError::VersionMismatch { message } => (
+                lease.token(),
+                None,
+                format!(
+                    "If-Match refused the {what}: the page changed since it was read ({message})"
+                ),
+                Outcome::Error,
+            ),
+            other => {
+                self.emit(
+                    n,
+                    Event::Error {
+                        during,
+                        transient: false,
+                        message: other.to_string(),
+                    },
+                );
+                return Outcome::Error;
+            }
+        };
+        self.emit(
+            n,
+            Event::Rejected {
+                status,
+                error: code.to_string(),
+                token,
+                current,
+                during,
+                message,
+            },
+        );
+        outcome
+    }
+
+    fn lost(&self, n: u64, reason: String) -> Outcome {
+        self.emit(n, Event::Lost { reason });
+        Outcome::Abandoned
+    }
+
+    fn interrupted(&self, n: u64, during: Stage) -> Outcome {
+        self.emit(
+            n,
+            Event::Error {
+                during,
+                transient: false,
+                message: "shutting down while retrying; edit abandoned".into(),
+            },
+        );
+        Outcome::Error
+    }
+
+    async fn release(&self, n: u64, lease: Lease) {
+        let limit = lease.ttl().max(Duration::from_secs(2));
+        let ok = match tokio::time::timeout(limit, lease.release()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(edit = n, "release failed: {e}");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(edit = n, "release timed out after {limit:?}");
+                false
+            }
+        };
+        self.emit(n, Event::Released { ok });
+    }
+
+    fn emit(&self, n: u64, event: Event) {
+        self.events.emit(Some(n), event);
+    }
+
+    /// `--stop-self-at`: SIGSTOP this process once, right after the event was
+    /// written (and flushed). Every thread stops, the lease watchdog and the
+    /// ZooKeeper heartbeats included, as in a GC pause.
+    fn maybe_stop_self(&self, at: StopAt) {
+        if self.config.stop_self_at != Some(at) || self.stopped_self.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tracing::warn!("stopping myself with SIGSTOP at {at:?} (--stop-self-at); SIGCONT resumes");
+        if let Err(e) = raise(Signal::SIGSTOP) {
+            tracing::error!("could not SIGSTOP myself: {e}");
+        }
+    }
+}
+
+/// Jittered exponential backoff, 50 ms doubling to 2 s.
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+    const MAX: Duration = Duration::from_secs(2);
+
+    fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+
+    /// Sleep the next delay; `false` if `stop` fired first.
+    async fn sleep_or(&mut self, stop: &CancellationToken) -> bool {
+        let delay = self.next.mul_f64(rand::rng().random_range(0.5..1.5));
+        self.next = (self.next * 2).min(Self::MAX);
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => true,
+            _ = stop.cancelled() => false,
+        }
+    }
+}

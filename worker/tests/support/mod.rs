@@ -1,0 +1,3 @@
+//! Shared test bodies.
+
+pub mod contract;
