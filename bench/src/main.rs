@@ -8,7 +8,9 @@
 //! - `locks.rs`: Redis and lease-table backends beside redis-benchmark, pgbench and Python's redis Lock.
 //! - `zookeeper.rs`: the ZooKeeper lock beside kazoo and raw create/delete.
 //! - `redlock.rs`: Redlock N=3/5 beside the single instance and rslock.
+//! - `compare.rs`: every backend side by side (speed, limits, peers, chaos) into docs/COMPARISON.md.
 
+mod compare;
 mod gateway;
 mod locks;
 mod redlock;
@@ -32,6 +34,10 @@ enum What {
     Gateway(gateway::Args),
     /// Redlock N=3/5 beside the single-instance lock, rslock and bare round trips.
     Redlock(redlock::Args),
+    /// The fair ZooKeeper lock beside kazoo's Lock and raw create/getChildren/delete.
+    Zookeeper(zookeeper::Args),
+    /// Every backend side by side: speed, limits, peers and chaos, into COMPARISON.md and an SVG.
+    Compare(compare::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,5 +47,7 @@ fn main() -> anyhow::Result<()> {
         What::Locks(args) => runtime.block_on(locks::run(args)),
         What::Gateway(args) => runtime.block_on(gateway::run(args)),
         What::Redlock(args) => runtime.block_on(redlock::run(args)),
+        What::Zookeeper(args) => runtime.block_on(zookeeper::run(args)),
+        What::Compare(args) => runtime.block_on(compare::run(args)),
     }
 }

@@ -1,1 +1,343 @@
-//! Placeholder: being written.
+//! `cargo run --release -p bench -- zookeeper`: acquire+release per second and
+//! latency of the fair ZooKeeper lock, uncontended (one task) and with
+//! `--contenders` tasks on one lock, beside, in the same run and against the
+//! same standalone ZooKeeper:
+//!
+//! - the limit: the same three requests issued raw with the same client, no
+//!   recipe (create EPHEMERAL_SEQUENTIAL, getChildren of the parent, delete),
+//!   one after the other from one task. A lock serialises its holders, so this
+//!   one-at-a-time sequence is also the ceiling of the contended rows;
+//! - the peer: Python's `kazoo` `Lock` (the recipe most ZooKeeper users in
+//!   Python take), one `KazooClient` shared by `--contenders` threads, each with
+//!   its own `Lock` object, installed into a venv under `target/`.
+//!
+//! Our side shares one session (one `ZooKeeperLock`) between its tasks, as
+//! kazoo's threads share one client.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use harness::ZooKeeper;
+use tokio::process::Command;
+use tokio::time::Instant;
+use worker::lock::zookeeper::ZooKeeperLock;
+use worker::lock::{AcquireOptions, LockService};
+use zookeeper_client as zk;
+
+use crate::stats::{median, ms, spread, Run};
+
+/// The pinned version of the Python peer.
+const KAZOO: &str = "kazoo==2.11.0";
+const SESSION: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Seconds per measured run.
+    #[arg(long, default_value_t = 2)]
+    seconds: u64,
+    /// Runs per row (figures are medians).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Tasks (threads for kazoo) contending for one lock.
+    #[arg(long, default_value_t = 16)]
+    contenders: usize,
+    /// A Python interpreter that has `kazoo` installed; by default a venv is
+    /// created under `target/kazoo-venv` with `kazoo==2.11.0`.
+    #[arg(long)]
+    python: Option<PathBuf>,
+}
+
+struct Row {
+    system: &'static str,
+    mode: String,
+    runs: Vec<Run>,
+}
+
+impl Row {
+    fn new(system: &'static str, mode: String) -> Self {
+        Row {
+            system,
+            mode,
+            runs: vec![],
+        }
+    }
+
+    fn rates(&self) -> Vec<f64> {
+        self.runs.iter().map(Run::per_sec).collect()
+    }
+
+    fn rate(&self) -> f64 {
+        median(&self.rates())
+    }
+
+    fn p(&self, q: f64) -> Duration {
+        let v: Vec<f64> = self
+            .runs
+            .iter()
+            .map(|r| r.quantile(q).as_secs_f64())
+            .collect();
+        Duration::from_secs_f64(median(&v))
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let secs = Duration::from_secs(args.seconds);
+    let n = args.contenders;
+    let python = match &args.python {
+        Some(p) => Ok(p.clone()),
+        None => kazoo_venv().await,
+    };
+    if let Err(e) = &python {
+        eprintln!("kazoo peer unavailable: {e:#}");
+    }
+    eprintln!("starting ZooKeeper ...");
+    let server = ZooKeeper::start().await;
+    let cs = server.connect_string();
+    let lock = ZooKeeperLock::connect(&cs, SESSION).await?;
+    let raw_client = zk::Client::connector()
+        .with_session_timeout(SESSION)
+        .connect(&cs)
+        .await
+        .map_err(|e| anyhow!("zookeeper connect: {e}"))?;
+
+    let mut rows = vec![
+        Row::new("ZooKeeperLock (fair)", "uncontended".into()),
+        Row::new("ZooKeeperLock (fair)", format!("{n} contenders")),
+        Row::new("kazoo Lock", "uncontended".into()),
+        Row::new("kazoo Lock", format!("{n} contenders")),
+        Row::new("raw create+getChildren+delete", "limit".into()),
+    ];
+    for round in 0..args.runs {
+        eprintln!("run {}/{} ...", round + 1, args.runs);
+        rows[0]
+            .runs
+            .push(ours(&lock, 1, secs, &format!("u{round}")).await?);
+        rows[1]
+            .runs
+            .push(ours(&lock, n, secs, &format!("c{round}")).await?);
+        if let Ok(py) = &python {
+            rows[2]
+                .runs
+                .push(kazoo(py, &cs, 1, secs, &format!("u{round}")).await?);
+            rows[3]
+                .runs
+                .push(kazoo(py, &cs, n, secs, &format!("c{round}")).await?);
+        }
+        rows[4]
+            .runs
+            .push(raw(&raw_client, secs, &format!("r{round}")).await?);
+    }
+    print_table(&rows, &args);
+    if let Err(e) = python {
+        println!("\nkazoo not measured: {e:#}");
+    }
+    Ok(())
+}
+
+/// `tasks` tasks acquire+release one lock for `secs` on one session.
+async fn ours(
+    lock: &ZooKeeperLock,
+    tasks: usize,
+    secs: Duration,
+    name: &str,
+) -> anyhow::Result<Run> {
+    let start = Instant::now();
+    let end = start + secs;
+    let mut joins = Vec::new();
+    for _ in 0..tasks {
+        let lock = lock.clone();
+        let name = format!("bench-{name}");
+        joins.push(tokio::spawn(async move {
+            let opts = AcquireOptions::new(SESSION).wait(Duration::from_secs(30));
+            let mut lat = Vec::new();
+            while Instant::now() < end {
+                let t0 = Instant::now();
+                let lease = lock.acquire_with(&name, opts).await?;
+                lease.release().await?;
+                lat.push(t0.elapsed());
+            }
+            anyhow::Ok(lat)
+        }));
+    }
+    let mut latencies = Vec::new();
+    for j in joins {
+        latencies.extend(j.await??);
+    }
+    Ok(Run {
+        ops: latencies.len() as u64,
+        elapsed: start.elapsed(),
+        latencies,
+    })
+}
+
+/// The limit: create EPHEMERAL_SEQUENTIAL, getChildren, delete, one at a time.
+async fn raw(client: &zk::Client, secs: Duration, name: &str) -> anyhow::Result<Run> {
+    let parent = format!("/raw-bench/{name}");
+    client
+        .mkdir(
+            &parent,
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .map_err(|e| anyhow!("mkdir {parent}: {e}"))?;
+    let prefix = format!("{parent}/n-");
+    let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let start = Instant::now();
+    let end = start + secs;
+    let mut latencies = Vec::new();
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        let (_, seq) = client
+            .create(&prefix, b"", &mode)
+            .await
+            .map_err(|e| anyhow!("create: {e}"))?;
+        client
+            .list_children(&parent)
+            .await
+            .map_err(|e| anyhow!("getChildren: {e}"))?;
+        client
+            .delete(&format!("{prefix}{seq}"), None)
+            .await
+            .map_err(|e| anyhow!("delete: {e}"))?;
+        latencies.push(t0.elapsed());
+    }
+    Ok(Run {
+        ops: latencies.len() as u64,
+        elapsed: start.elapsed(),
+        latencies,
+    })
+}
+
+const PY_KAZOO: &str = r#"
+import json, sys, threading, time
+from kazoo.client import KazooClient
+hosts, clients, secs, name = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+zk = KazooClient(hosts=hosts, timeout=10.0)
+zk.start()
+path = "/kazoo-bench/" + name
+zk.ensure_path(path)
+lat, guard = [], threading.Lock()
+start = time.perf_counter()
+end = start + secs
+def work(i):
+    lock = zk.Lock(path, "c%d" % i)
+    mine = []
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        if not lock.acquire(timeout=30):
+            raise SystemExit("not acquired")
+        lock.release()
+        mine.append(time.perf_counter() - t0)
+    with guard:
+        lat.extend(mine)
+threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+elapsed = time.perf_counter() - start
+zk.stop()
+print(json.dumps({"elapsed": elapsed, "lat": lat}))
+"#;
+
+/// The peer: kazoo's `Lock` acquire+release in a loop by `clients` threads.
+async fn kazoo(
+    python: &Path,
+    hosts: &str,
+    clients: usize,
+    secs: Duration,
+    name: &str,
+) -> anyhow::Result<Run> {
+    let out = output(
+        Command::new(python)
+            .arg("-c")
+            .arg(PY_KAZOO)
+            .arg(hosts)
+            .arg(clients.to_string())
+            .arg(secs.as_secs_f64().to_string())
+            .arg(name),
+    )
+    .await?;
+    #[derive(serde::Deserialize)]
+    struct Out {
+        elapsed: f64,
+        lat: Vec<f64>,
+    }
+    let o: Out = serde_json::from_str(out.trim()).context("kazoo peer output")?;
+    Ok(Run {
+        ops: o.lat.len() as u64,
+        elapsed: Duration::from_secs_f64(o.elapsed),
+        latencies: o.lat.into_iter().map(Duration::from_secs_f64).collect(),
+    })
+}
+
+/// A venv under `target/` with the pinned `kazoo`, created on first use.
+async fn kazoo_venv() -> anyhow::Result<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let venv = target.join("kazoo-venv");
+    let python = venv.join("bin/python");
+    let has_kazoo = Command::new(&python)
+        .args(["-c", "import kazoo"])
+        .output()
+        .await
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !has_kazoo {
+        eprintln!("creating {} with {KAZOO} ...", venv.display());
+        output(Command::new("python3").arg("-m").arg("venv").arg(&venv)).await?;
+        output(Command::new(venv.join("bin/pip")).args(["install", "-q", KAZOO])).await?;
+    }
+    Ok(python)
+}
+
+async fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .await
+        .with_context(|| format!("spawn {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn print_table(rows: &[Row], args: &Args) {
+    let raw = rows[4].rate();
+    let kazoo_rate = |mode: &str| {
+        rows.iter()
+            .find(|r| r.system == "kazoo Lock" && r.mode == mode && !r.runs.is_empty())
+            .map(Row::rate)
+    };
+    println!(
+        "\n{} runs of {} s each; figures are medians; spread is min..max of the runs.\n",
+        args.runs, args.seconds
+    );
+    println!(
+        "| system | mode | acquire+release/s | spread | p50 ms | p99 ms | × raw limit | × kazoo |"
+    );
+    println!("|---|---|---:|---|---:|---:|---:|---:|");
+    for row in rows.iter().filter(|r| !r.runs.is_empty()) {
+        let (lo, hi) = spread(&row.rates());
+        let vs_kazoo = match (row.system, kazoo_rate(&row.mode)) {
+            ("ZooKeeperLock (fair)", Some(k)) if k > 0.0 => format!("{:.2}", row.rate() / k),
+            _ => "".into(),
+        };
+        println!(
+            "| {} | {} | {:.0} | {:.0}..{:.0} | {} | {} | {:.2} | {} |",
+            row.system,
+            row.mode,
+            row.rate(),
+            lo,
+            hi,
+            ms(row.p(0.50)),
+            ms(row.p(0.99)),
+            row.rate() / raw,
+            vs_kazoo
+        );
+    }
+}

@@ -89,9 +89,12 @@ impl Services {
         match self.backend {
             Backend::Redis | Backend::Redlock => self.redis.iter().map(Redis::port).collect(),
             Backend::Zookeeper => self.zookeeper.iter().map(ZooKeeper::port).collect(),
-            Backend::LeasePostgres | Backend::LeaseMysql => {
-                self.lease_url.as_deref().and_then(url_port).into_iter().collect()
-            }
+            Backend::LeasePostgres | Backend::LeaseMysql => self
+                .lease_url
+                .as_deref()
+                .and_then(url_port)
+                .into_iter()
+                .collect(),
         }
     }
 
@@ -148,7 +151,10 @@ mod tests {
 
     #[test]
     fn ports_are_found_in_every_url_shape() {
-        assert_eq!(url_port("postgres://postgres@127.0.0.1:5433/t_x"), Some(5433));
+        assert_eq!(
+            url_port("postgres://postgres@127.0.0.1:5433/t_x"),
+            Some(5433)
+        );
         assert_eq!(url_port("mysql://root@127.0.0.1:3307/db?x=1"), Some(3307));
         assert_eq!(url_port("redis://127.0.0.1:6380/"), Some(6380));
         assert_eq!(url_port("127.0.0.1:2181"), Some(2181));

@@ -125,8 +125,15 @@ pub fn row_seed(seed: u64, scenario: Scenario, backend: Backend, fencing: bool, 
 
 /// Run the plan: per backend, start its services once and run its rows in order.
 pub async fn run(plan: &Plan) -> Vec<Row> {
-    let backends = plan.backends.clone().unwrap_or_else(|| Backend::ALL.to_vec());
-    let rounds = if plan.soak { plan.soak_rounds.max(1) } else { 1 };
+    let backends = plan
+        .backends
+        .clone()
+        .unwrap_or_else(|| Backend::ALL.to_vec());
+    let rounds = if plan.soak {
+        plan.soak_rounds.max(1)
+    } else {
+        1
+    };
     let mut rows = vec![];
     for backend in backends {
         let wanted = plan.rows_for(backend);
@@ -153,7 +160,13 @@ pub async fn run(plan: &Plan) -> Vec<Row> {
                     row.error = Some(format!("{e:#}"));
                 }
                 row.duration_ms = started.elapsed().as_millis() as u64;
-                eprintln!("{}", report::table(std::slice::from_ref(&row)).lines().last().unwrap_or(""));
+                eprintln!(
+                    "{}",
+                    report::table(std::slice::from_ref(&row))
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                );
                 rows.push(row);
             }
         }
@@ -170,7 +183,13 @@ async fn run_row(
     round: u32,
     row: &mut Row,
 ) -> anyhow::Result<()> {
-    let mut rng = StdRng::seed_from_u64(row_seed(plan.seed, scenario, backend_of(services), fencing, round));
+    let mut rng = StdRng::seed_from_u64(row_seed(
+        plan.seed,
+        scenario,
+        backend_of(services),
+        fencing,
+        round,
+    ));
     let timing = Timing::draw(&mut rng, plan.soak);
     let page = format!(
         "{}-{}-{}-r{round}-{:x}",
@@ -204,7 +223,11 @@ async fn run_row(
         let db = harness::fresh_database().await;
         gateways.push((fencing, GatewayProc::spawn(&db, fencing).await?));
     }
-    let gateway = &gateways.iter().find(|(f, _)| *f == fencing).expect("gateway").1;
+    let gateway = &gateways
+        .iter()
+        .find(|(f, _)| *f == fencing)
+        .expect("gateway")
+        .1;
     let mut ctx = Ctx {
         services,
         gateway,
@@ -227,7 +250,12 @@ fn backend_of(services: &Services) -> Backend {
 pub fn violations(rows: &[Row]) -> Vec<String> {
     let mut out = vec![];
     for r in rows {
-        let id = format!("{} on {} (fencing {})", r.scenario, r.backend, if r.fencing { "on" } else { "off" });
+        let id = format!(
+            "{} on {} (fencing {})",
+            r.scenario,
+            r.backend,
+            if r.fencing { "on" } else { "off" }
+        );
         if let Some(e) = &r.error {
             out.push(format!("{id}: did not run to the end: {e}"));
             continue;
@@ -238,21 +266,33 @@ pub fn violations(rows: &[Row]) -> Vec<String> {
                 out.push(format!("{id}: {} lost update(s)", r.lost_updates));
             }
             if r.stale_accepted != 0 {
-                out.push(format!("{id}: {} stale write(s) accepted", r.stale_accepted));
+                out.push(format!(
+                    "{id}: {} stale write(s) accepted",
+                    r.stale_accepted
+                ));
             }
-            let must_hit = [Scenario::GcPauseWriting.name(), Scenario::DelayedWrite.name()];
+            let must_hit = [
+                Scenario::GcPauseWriting.name(),
+                Scenario::DelayedWrite.name(),
+            ];
             if must_hit.contains(&r.scenario.as_str()) && r.stale_rejected == 0 {
-                out.push(format!("{id}: no stale write rejected, so the fault did not hit"));
+                out.push(format!(
+                    "{id}: no stale write rejected, so the fault did not hit"
+                ));
             }
         }
         if !r.fencing && r.scenario == Scenario::GcPauseWriting.name() && r.lost_updates == 0 {
-            out.push(format!("{id}: expected at least one lost update with the fence off"));
+            out.push(format!(
+                "{id}: expected at least one lost update with the fence off"
+            ));
         }
         if r.backend == Backend::Redlock.name()
             && r.scenario == Scenario::RedisRestart.name()
             && r.double_holders == 0
         {
-            out.push(format!("{id}: expected two clients holding the lock at once"));
+            out.push(format!(
+                "{id}: expected two clients holding the lock at once"
+            ));
         }
     }
     out

@@ -78,6 +78,9 @@ async fn main() -> anyhow::Result<()> {
         for v in &violations {
             println!("VIOLATION: {v}");
         }
-        anyhow::bail!("{} violation(s); replay with --seed {seed}", violations.len())
+        anyhow::bail!(
+            "{} violation(s); replay with --seed {seed}",
+            violations.len()
+        )
     }
 }

@@ -50,12 +50,7 @@ impl DelayProxy {
         let addr = listener.local_addr()?;
         let (mode, _) = watch::channel(Mode::Pass);
         let held = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(accept_loop(
-            listener,
-            upstream,
-            mode.clone(),
-            held.clone(),
-        ));
+        let task = tokio::spawn(accept_loop(listener, upstream, mode.clone(), held.clone()));
         Ok(Self {
             addr,
             upstream,
@@ -126,7 +121,12 @@ async fn accept_loop(
 }
 
 /// One connection: a delaying client→server direction, a plain server→client one.
-async fn pump(client: TcpStream, server: TcpStream, mode: watch::Receiver<Mode>, held: Arc<AtomicU64>) {
+async fn pump(
+    client: TcpStream,
+    server: TcpStream,
+    mode: watch::Receiver<Mode>,
+    held: Arc<AtomicU64>,
+) {
     let (mut client_rd, mut client_wr) = client.into_split();
     let (mut server_rd, mut server_wr) = server.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Mode, Vec<u8>)>();
@@ -184,11 +184,7 @@ async fn pump(client: TcpStream, server: TcpStream, mode: watch::Receiver<Mode>,
 pub fn via_proxy(url: &str, upstream_port: u16, proxy_port: u16) -> String {
     let needle = format!(":{upstream_port}");
     match url.find(&needle) {
-        Some(i) => format!(
-            "{}:{proxy_port}{}",
-            &url[..i],
-            &url[i + needle.len()..]
-        ),
+        Some(i) => format!("{}:{proxy_port}{}", &url[..i], &url[i + needle.len()..]),
         None => url.to_string(),
     }
 }

@@ -231,6 +231,15 @@ pub fn table(rows: &[Row]) -> String {
             }
             notes.push_str(&format!("ERROR: {e}"));
         }
+        // Redlock grants carry no token: the gateway cannot tell stale from fresh.
+        let unfenced = r.backend == "redlock";
+        let stale = |n: u64| {
+            if unfenced {
+                "n/a".to_string()
+            } else {
+                n.to_string()
+            }
+        };
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -239,8 +248,8 @@ pub fn table(rows: &[Row]) -> String {
             if r.fencing { "on" } else { "off" },
             r.acknowledged,
             r.lost_updates,
-            r.stale_rejected,
-            r.stale_accepted,
+            stale(r.stale_rejected),
+            stale(r.stale_accepted),
             r.double_holders,
             notes.replace('|', "/").replace('\n', " ")
         );
@@ -287,8 +296,14 @@ mod tests {
     #[test]
     fn an_acknowledged_edit_missing_from_the_body_is_lost() {
         let events = vec![
-            ev("a", json!({"event": "wrote", "edit": 1, "token": 3, "ts": 1})),
-            ev("b", json!({"event": "wrote", "edit": 1, "token": 4, "ts": 2})),
+            ev(
+                "a",
+                json!({"event": "wrote", "edit": 1, "token": 3, "ts": 1}),
+            ),
+            ev(
+                "b",
+                json!({"event": "wrote", "edit": 1, "token": 4, "ts": 2}),
+            ),
         ];
         let (acked, lost, missing) = lost_updates(&events, "a #1 token=3\n");
         assert_eq!((acked, lost), (2, 1));

@@ -21,40 +21,44 @@ use crate::report::{self, Row};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
-    /// 1a. The holder stops itself right after `writing` (its lost-lock check
+    /// Scenario 1a: The holder stops itself right after `writing` (its lost-lock check
     /// passed, its PUT not sent), stays stopped while another worker takes
     /// the lock and writes, then resumes: only the fence can save the page.
     GcPauseWriting,
-    /// 1b. The same pause at `read`: the worker's own lost-lock check should
+    /// Scenario 1b: The same pause at `read`: the worker's own lost-lock check should
     /// abandon the edit when it resumes.
     GcPauseRead,
-    /// 2. The holder is SIGKILLed; the other worker continues after expiry.
+    /// Scenario 2: The holder is SIGKILLed; the other worker continues after expiry.
     Crash,
-    /// 3. Redis (single: the one instance; Redlock: two of three) is killed
+    /// Scenario 3: Redis (single: the one instance; Redlock: two of three) is killed
     /// and restarted without persistence.
     RedisRestart,
-    /// 4. The ZooKeeper server is killed while workers edit, and started again.
+    /// Scenario 4: The ZooKeeper server is killed while workers edit, and started again.
     /// (Session expiry of a paused client is 1a/1b on `zookeeper`.)
     ZookeeperRestart,
-    /// 5. The gateway's PostgreSQL is killed under load and started again.
+    /// Scenario 5: The gateway's PostgreSQL is killed under load and started again.
     PostgresRestart,
-    /// 6. Everything the holder sends is held by the delay proxy from its
+    /// Scenario 6: Everything the holder sends is held by the delay proxy from its
     /// `read` on: its PUT leaves before the lease expires and arrives after
     /// another worker's write.
     DelayedWrite,
-    /// 7. The holder's wall clock jumps one hour ahead (libfaketime) while it
-    /// holds the lock.
+    /// Scenario 7: The holder's wall clock jumps one hour ahead (libfaketime) while it
+    /// holds the lock, as an NTP step would: CLOCK_MONOTONIC does not move.
     ClockJump,
+    /// Scenario 7b: The same jump, but libfaketime moves CLOCK_MONOTONIC too: every
+    /// timer and deadline of the worker sees one hour pass at once.
+    ClockJumpMonotonic,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::GcPauseWriting,
         Scenario::GcPauseRead,
         Scenario::Crash,
         Scenario::PostgresRestart,
         Scenario::DelayedWrite,
         Scenario::ClockJump,
+        Scenario::ClockJumpMonotonic,
         // The restarts kill the services shared by a backend's scenarios: last.
         Scenario::RedisRestart,
         Scenario::ZookeeperRestart,
@@ -70,6 +74,7 @@ impl Scenario {
             Scenario::PostgresRestart => "postgres-restart",
             Scenario::DelayedWrite => "delayed-write",
             Scenario::ClockJump => "clock-jump",
+            Scenario::ClockJumpMonotonic => "clock-jump-monotonic",
         }
     }
 
@@ -219,10 +224,7 @@ impl Ctx<'_> {
             .filter(|e| matches!(e.kind(), "wrote" | "rejected" | "lost" | "error"))
             .map(|e| match e.kind() {
                 "wrote" => "its stale write was ACCEPTED".to_string(),
-                "rejected" => format!(
-                    "its write was rejected ({})",
-                    e.str("error").unwrap_or("?")
-                ),
+                "rejected" => format!("its write was rejected ({})", e.str("error").unwrap_or("?")),
                 "lost" => "its lost-lock check abandoned the edit".to_string(),
                 other => format!("{other}: {}", e.json),
             })
@@ -246,7 +248,8 @@ pub async fn run(scenario: Scenario, ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow
             unreachable!("postgres-restart runs with its own gateway; see runner")
         }
         Scenario::DelayedWrite => delayed_write(ctx, row).await,
-        Scenario::ClockJump => clock_jump(ctx, row).await,
+        Scenario::ClockJump => clock_jump(ctx, row, false).await,
+        Scenario::ClockJumpMonotonic => clock_jump(ctx, row, true).await,
     }
 }
 
@@ -391,8 +394,16 @@ pub async fn postgres_restart(
     tokio::time::sleep(ctx.timing.outage).await;
     pg.start_again().await;
     ctx.wait_all_exit().await?;
+    let events = ctx.log.all();
+    let failed = events.iter().filter(|e| e.kind() == "error").count();
+    let gave_up: u64 = events
+        .iter()
+        .filter(|e| e.kind() == "summary")
+        .filter_map(|e| e.u64("errors"))
+        .sum();
     row.note(format!(
-        "gateway answered {status} while Postgres was down {:?}, then recovered",
+        "gateway answered {status} while Postgres was down {:?}, then recovered; \
+         workers saw {failed} failed request(s), {gave_up} edit(s) ended in error (never acknowledged)",
         ctx.timing.outage
     ));
     if status != "503" {
@@ -443,7 +454,7 @@ async fn delayed_write(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<()> {
 
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
-async fn clock_jump(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<()> {
+async fn clock_jump(ctx: &mut Ctx<'_>, row: &mut Row, monotonic: bool) -> anyhow::Result<()> {
     if !std::path::Path::new(LIBFAKETIME).exists() {
         bail!("{LIBFAKETIME} missing: install Debian's `faketime`");
     }
@@ -457,10 +468,14 @@ async fn clock_jump(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<()> {
             offset.path().display().to_string(),
         ),
         ("FAKETIME_NO_CACHE".into(), "1".into()),
+    ];
+    if !monotonic {
         // An NTP step moves the wall clock (CLOCK_REALTIME) only; CLOCK_MONOTONIC,
         // which timers and Instants use, never jumps.
-        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
-    ];
+        jumper
+            .env
+            .push(("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()));
+    }
     ctx.spawn(&jumper)?;
     let other = ctx.spec("other", 3);
     ctx.spawn(&other)?;
@@ -475,17 +490,38 @@ async fn clock_jump(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<()> {
             .filter(|e| e.client == client && e.kind() == k)
             .count()
     };
-    let jumped = events
-        .iter()
-        .filter(|e| e.client == client)
-        .any(|e| e.json["ts"].as_i64().is_some_and(|ts| ts - e.received_ms > 3_000_000));
-    row.note(format!(
-        "wall clock +1h while holding (monotonic untouched){}: {} wrote, {} rejected, {} lost",
-        if jumped { "" } else { " [jump NOT observed in ts]" },
-        count("wrote"),
-        count("rejected"),
-        count("lost")
-    ));
+    let jumped = events.iter().filter(|e| e.client == client).any(|e| {
+        e.json["ts"]
+            .as_i64()
+            .is_some_and(|ts| ts - e.received_ms > 3_000_000)
+    });
+    let first = |k: &str, field: &str| {
+        events
+            .iter()
+            .find(|e| e.client == client && e.kind() == k)
+            .and_then(|e| e.str(field).map(|m| format!(" [{k}: {m}]")))
+            .unwrap_or_default()
+    };
+    let details = format!("{}{}", first("lost", "reason"), first("error", "message"));
+    row.note(
+        format!(
+            "wall clock +1h while holding ({}){}: {} wrote, {} rejected, {} lost, {} error(s)",
+            if monotonic {
+                "monotonic +1h too"
+            } else {
+                "monotonic untouched"
+            },
+            if jumped {
+                ""
+            } else {
+                " [jump NOT observed in ts]"
+            },
+            count("wrote"),
+            count("rejected"),
+            count("lost"),
+            count("error")
+        ) + &details,
+    );
     Ok(())
 }
 

@@ -25,6 +25,9 @@ pub type WorkerEvent = Value;
 /// How long an awaited event may take before the test fails.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long [`WorkerProcess::wait_summary`] waits for a worker to finish.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// The `worker` binary next to the running test binary (`target/<profile>/worker`).
 pub fn worker_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
@@ -220,8 +223,23 @@ impl WorkerProcess {
 
     /// Read all events until the worker's stdout closes, wait for it to exit,
     /// and return the final `summary` event with the exit status.
+    /// Panics if that takes longer than [`RUN_TIMEOUT`].
     pub async fn wait_summary(&mut self) -> (WorkerEvent, ExitStatus) {
-        while self.next_event().await.is_some() {}
+        self.wait_summary_within(RUN_TIMEOUT).await
+    }
+
+    /// [`WorkerProcess::wait_summary`] for runs longer than [`RUN_TIMEOUT`].
+    pub async fn wait_summary_within(&mut self, limit: Duration) -> (WorkerEvent, ExitStatus) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.next_event().await.is_some() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "worker {} still running after {limit:?}; last events: {:?}\n--- its log:\n{}",
+                self.pid,
+                self.seen.iter().rev().take(5).collect::<Vec<_>>(),
+                self.log_tail(40)
+            );
+        }
         let status = self.wait_exit(EVENT_TIMEOUT).await;
         let summary = self
             .seen

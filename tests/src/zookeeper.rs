@@ -76,9 +76,21 @@ impl ZooKeeper {
 
     async fn wait_ready(&mut self) {
         let port = self.port;
-        if let Err(e) = wait_until(Duration::from_secs(30), || four_letter(port, "ruok")).await {
+        // `ruok` answers `imok` as soon as the process runs, before it serves
+        // sessions; `srvr` reports a mode only once it does.
+        let serving = || async move {
+            let answer = four_letter(port, "srvr").await?;
+            if answer.contains("Mode: ") {
+                Ok(())
+            } else {
+                Err(std::io::Error::other(format!(
+                    "not serving yet: {answer:?}"
+                )))
+            }
+        };
+        if let Err(e) = wait_until(Duration::from_secs(30), serving).await {
             panic!(
-                "zookeeper did not answer ruok on port {port}: {e}\n--- log ---\n{}",
+                "zookeeper did not serve on port {port}: {e}\n--- log ---\n{}",
                 self.process.log_tail(40)
             );
         }

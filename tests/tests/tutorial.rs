@@ -19,6 +19,14 @@
 //! the target dir (scripts/test builds them before the tests). The curls say
 //! `localhost:8080` / `localhost:8081`; the test rewrites those to its ports.
 //! `scripts/stack down` runs on drop, also when an assertion fails.
+//!
+//! # The straggler (README steps 5 and 6)
+//! Those steps use `docker compose`, so they cannot run here as written; the
+//! same scenario runs on `scripts/stack` (`start straggler`, `unpause
+//! straggler`), and the test checks what the README says the history and the
+//! page show: refused with `stale_token` through the fenced gateway; through
+//! the unfenced one, accepted (marked `stale`) with the edits acknowledged in
+//! the meantime gone from the page.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -87,7 +95,7 @@ impl Stack {
             ("STACK_MARIADB_PORT".into(), port()),
             ("STACK_REDLOCK_PORTS".into(), redlock.join(" ")),
             // The README's default backend; never inherit the caller's choice.
-            ("BACKEND".into(), "redis".into()),
+            ("BACKEND".into(), "zookeeper".into()),
         ];
         let stack = Stack {
             _state: state,
@@ -154,6 +162,96 @@ impl Stack {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+}
+
+impl Stack {
+    /// The state `scripts/stack status` reports for `name` (running, paused, exited).
+    fn state(&self, name: &str) -> String {
+        let out = self.script(&["status"]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| {
+                let mut words = l.split_whitespace();
+                (words.next() == Some(name)).then(|| words.next().unwrap_or("").to_owned())
+            })
+            .unwrap_or_else(|| "absent".into())
+    }
+
+    #[track_caller]
+    fn wait_state(&self, name: &str, want: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.state(name) != want {
+            if Instant::now() > deadline {
+                panic!(
+                    "{name} is {} after {timeout:?}, not {want}\n--- logs ---\n{}",
+                    self.state(name),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Page `demo`'s history, oldest first.
+    fn history(&self) -> Vec<serde_json::Value> {
+        let got = self.sh("curl -sf 'localhost:8080/pages/demo/history?limit=10000'");
+        let v: serde_json::Value = serde_json::from_str(&got).expect("history JSON");
+        let mut entries = v["history"].as_array().expect("history array").clone();
+        entries.reverse();
+        entries
+    }
+
+    /// Run one straggler (README steps 5 and 6): start it, wait until it has
+    /// frozen itself at `writing`, keep it frozen past its TTL until another
+    /// worker has accessed the page with a higher token, resume it, and wait
+    /// for it to finish. Returns (its GET, its PUT, the history in between).
+    fn straggle(
+        &self,
+        name: &str,
+    ) -> (serde_json::Value, serde_json::Value, Vec<serde_json::Value>) {
+        let out = self.script(&["start", name]);
+        assert!(
+            out.status.success(),
+            "start {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.wait_state(name, "paused", Duration::from_secs(60));
+        let mine = |e: &serde_json::Value| e["client_id"] == name;
+        let get = self
+            .history()
+            .into_iter()
+            .find(|e| mine(e) && e["method"] == "GET")
+            .expect("the straggler's fenced GET is in the history");
+        let token = get["token"].as_i64().expect("its token");
+        // The scenario: stay frozen past the 2 s TTL...
+        std::thread::sleep(Duration::from_secs(3));
+        // ...until the lock has moved on: another worker used a higher token.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self
+            .history()
+            .iter()
+            .any(|e| !mine(e) && e["token"].as_i64().is_some_and(|t| t > token))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no other worker took the lock\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = self.script(&["unpause", name]);
+        assert!(out.status.success(), "unpause {name}");
+        self.wait_state(name, "exited", Duration::from_secs(30));
+        let history = self.history();
+        let at = |e: &serde_json::Value| history.iter().position(|h| h["seq"] == e["seq"]).unwrap();
+        let put = history
+            .iter()
+            .find(|e| mine(e) && e["method"] == "PUT")
+            .unwrap_or_else(|| panic!("{name} sent no PUT\n{}", self.logs()))
+            .clone();
+        let between = history[at(&get) + 1..at(&put)].to_vec();
+        (get, put, between)
     }
 }
 
@@ -316,4 +414,51 @@ fn readme_curl_transcripts_print_what_the_readme_says() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn straggler_is_refused_by_the_fence_and_loses_an_update_without_it() {
+    let stack = Stack::up();
+    stack.wait_for(
+        "curl -s -o /dev/null -w '%{http_code}' localhost:8080/pages/demo",
+        "200",
+        Duration::from_secs(60),
+    );
+
+    // Step 5: through the fenced gateway the late PUT is refused, nothing written.
+    let (get, put, between) = stack.straggle("straggler");
+    assert_eq!(put["outcome"], "stale_token", "the straggler's PUT: {put}");
+    assert_eq!(put["token"], get["token"]);
+    assert!(put["fence_token"].as_i64() > put["token"].as_i64(), "{put}");
+    assert!(
+        between.iter().any(|e| e["outcome"] == "accepted"),
+        "other workers edited while it was frozen"
+    );
+
+    // Step 6: through the unfenced gateway it lands (marked `stale`), and the
+    // lines the others wrote while it was frozen are gone from the page.
+    let (_, put, between) = stack.straggle("straggler-unfenced");
+    assert_eq!(
+        put["outcome"], "stale",
+        "the unfenced straggler's PUT: {put}"
+    );
+    let overwritten: Vec<_> = between
+        .iter()
+        .filter(|e| e["method"] == "PUT" && e["outcome"] == "accepted")
+        .collect();
+    assert!(!overwritten.is_empty(), "nobody wrote while it was frozen");
+    let page: serde_json::Value =
+        serde_json::from_str(&stack.sh("curl -sf localhost:8080/pages/demo")).expect("page JSON");
+    let body = page["body"].as_str().expect("body");
+    for e in overwritten {
+        let (client, token) = (
+            e["client_id"].as_str().unwrap(),
+            e["token"].as_i64().unwrap(),
+        );
+        assert!(
+            !body.lines().any(|l| l.starts_with(&format!("{client} #"))
+                && l.ends_with(&format!(" token={token}"))),
+            "the acknowledged edit of {client} with token {token} survived; no lost update?"
+        );
+    }
 }

@@ -152,7 +152,7 @@ fn assert_non_decreasing(tokens: &[u64], what: &str) {
 /// Three workers × K edits on one page. Checks that every acknowledged edit is
 /// in the body exactly once and nothing else is, that accepted tokens never
 /// decrease, and that each summary adds up.
-async fn three_workers_edit_one_page(backend: &str, fencing: bool) {
+async fn three_workers_edit_one_page(backend: &str, fencing: bool, extra: &[&str]) {
     let locks = LockService::start(backend).await;
     let gateway = start_gateway(if fencing {
         gateway::Fencing::Enforce
@@ -172,15 +172,19 @@ async fn three_workers_edit_one_page(backend: &str, fencing: bool) {
                 &page,
                 &format!("w{i}"),
                 &[
-                    "--edits",
-                    &edits,
-                    "--work-ms",
-                    "20",
-                    "--ttl",
-                    "2s",
-                    "--fencing",
-                    fencing_flag,
-                ],
+                    &[
+                        "--edits",
+                        &edits,
+                        "--work-ms",
+                        "20",
+                        "--ttl",
+                        "2s",
+                        "--fencing",
+                        fencing_flag,
+                    ],
+                    extra,
+                ]
+                .concat(),
             ))
         })
         .collect();
@@ -258,32 +262,37 @@ async fn three_workers_edit_one_page(backend: &str, fencing: bool) {
 
 #[tokio::test]
 async fn three_redis_workers_keep_every_acknowledged_edit() {
-    three_workers_edit_one_page("redis", true).await;
+    three_workers_edit_one_page("redis", true, &[]).await;
 }
 
 #[tokio::test]
 async fn three_lease_postgres_workers_keep_every_acknowledged_edit() {
-    three_workers_edit_one_page("lease-postgres", true).await;
+    three_workers_edit_one_page("lease-postgres", true, &[]).await;
 }
 
 #[tokio::test]
 async fn three_lease_mysql_workers_keep_every_acknowledged_edit() {
-    three_workers_edit_one_page("lease-mysql", true).await;
+    three_workers_edit_one_page("lease-mysql", true, &[]).await;
 }
 
 #[tokio::test]
 async fn three_zookeeper_workers_keep_every_acknowledged_edit() {
-    three_workers_edit_one_page("zookeeper", true).await;
+    three_workers_edit_one_page("zookeeper", true, &[]).await;
 }
 
 #[tokio::test]
 async fn three_redlock_workers_without_fencing_keep_every_acknowledged_edit() {
-    three_workers_edit_one_page("redlock", false).await;
+    three_workers_edit_one_page("redlock", false, &[]).await;
 }
 
 #[tokio::test]
 async fn three_redis_workers_without_fencing_on_an_unfenced_gateway_keep_every_acknowledged_edit() {
-    three_workers_edit_one_page("redis", false).await;
+    three_workers_edit_one_page("redis", false, &[]).await;
+}
+
+#[tokio::test]
+async fn three_redis_workers_with_if_match_keep_every_acknowledged_edit() {
+    three_workers_edit_one_page("redis", true, &["--if-match"]).await;
 }
 
 /// Wait until the kernel shows the worker stopped (it raised SIGSTOP itself).
@@ -373,6 +382,58 @@ async fn write_after_a_pause_at_writing_is_rejected_by_the_fence() {
         body, live_lines,
         "the live worker's edits survive, the stale one is not there"
     );
+}
+
+/// The same pause without fencing: nothing stops the late write, and it
+/// silently overwrites the edits the other worker had acknowledged. This is
+/// the damage the fence exists to prevent.
+#[tokio::test]
+async fn without_fencing_a_write_after_a_pause_at_writing_loses_acknowledged_edits() {
+    let locks = LockService::start("redis").await;
+    let gateway = start_gateway(gateway::Fencing::Off).await;
+    let url = gateway.url();
+    let page = "pause-at-writing-unfenced";
+    let unfenced = ["--ttl", "500ms", "--work-ms", "10", "--fencing", "off"];
+
+    let mut paused = spawn_worker(worker_args(
+        &locks,
+        &url,
+        page,
+        "paused",
+        &[
+            &unfenced[..],
+            &["--edits", "1", "--stop-self-at", "writing"],
+        ]
+        .concat(),
+    ));
+    let writing = paused.wait_for_event("writing").await;
+    assert_eq!(writing["fenced"], false, "{writing}");
+    wait_stopped(&paused).await;
+
+    let mut live = spawn_worker(worker_args(
+        &locks,
+        &url,
+        page,
+        "live",
+        &[&unfenced[..], &["--edits", "2"]].concat(),
+    ));
+    let (live_summary, _) = live.wait_summary().await;
+    assert_eq!(count(&live_summary, "acknowledged"), 2, "{live_summary}");
+    assert_eq!(page_lines(&url, page).await.len(), 2);
+
+    paused.sigcont();
+    let wrote = paused.wait_for_event("wrote").await;
+    let (summary, status) = paused.wait_summary().await;
+    assert!(status.success());
+    assert_eq!(count(&summary, "acknowledged"), 1, "{summary}");
+
+    // The late write was based on the empty page it read before the pause.
+    let body = page_lines(&url, page).await;
+    assert_eq!(body, vec![wrote["line"].as_str().unwrap().to_string()]);
+    for e in events_named(live.events(), "wrote") {
+        let line = e["line"].as_str().unwrap();
+        assert!(!body.iter().any(|l| l == line), "{line:?} survived?");
+    }
 }
 
 /// A pause before the lost-lock check is caught by the worker itself.
@@ -539,20 +600,91 @@ async fn token_counter_reset_by_a_redis_restart_is_named_as_such() {
     assert_eq!(count(&summary, "rejected"), 1, "{summary}");
 }
 
+/// The gateway is unreachable for a while: the worker keeps its lease (the
+/// watchdog renews it), retries the read with backoff, and completes the edit
+/// once the gateway appears. It never crashes.
 #[tokio::test]
-async fn zz_debug_show() {
-    let locks = LockService::start("zookeeper").await;
+async fn unreachable_gateway_is_retried_until_it_answers() {
+    let locks = LockService::start("redis").await;
+    let port = harness::free_port();
+    let mut w = spawn_worker(worker_args(
+        &locks,
+        &format!("http://127.0.0.1:{port}"),
+        "unreachable",
+        "w",
+        &["--edits", "1", "--ttl", "1s", "--work-ms", "10"],
+    ));
+    for _ in 0..2 {
+        let error = w.wait_for_event("error").await;
+        assert_eq!(error["transient"], true, "{error}");
+        assert_eq!(error["during"], "read", "{error}");
+    }
+
+    // Now a gateway comes up on that port.
+    let db = gateway::connect(&harness::fresh_database().await, 4)
+        .await
+        .expect("connect");
+    gateway::migrate(&db).await.expect("migrate");
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind the gateway's port");
+    tokio::spawn(gateway::serve(
+        listener,
+        gateway::AppState::new(db, gateway::Fencing::Enforce),
+        std::future::pending(),
+    ));
+
+    let (summary, status) = w.wait_summary().await;
+    assert!(status.success(), "{}", w.log_tail(20));
+    assert_summary_adds_up(&summary);
+    assert_eq!(count(&summary, "acknowledged"), 1, "{summary}");
+}
+
+/// The lock service is down at startup: the worker keeps trying to connect,
+/// says so, and still shuts down cleanly on SIGTERM.
+#[tokio::test]
+async fn unreachable_lock_service_is_retried_and_sigterm_still_exits_zero() {
     let gateway = start_gateway(gateway::Fencing::Enforce).await;
-    let url = gateway.url();
-    let mut a = spawn_worker(worker_args(&locks, &url, "dbg", "paused", &["--edits", "2", "--ttl", "1s", "--work-ms", "10", "--stop-self-at", "writing"]));
-    a.wait_for_event("writing").await;
-    wait_stopped(&a).await;
-    let mut b = spawn_worker(worker_args(&locks, &url, "dbg", "live", &["--edits", "2", "--ttl", "1s", "--work-ms", "10"]));
-    b.wait_summary().await;
-    a.sigcont();
-    a.wait_summary().await;
-    for e in a.events() { eprintln!("A {e}"); }
-    for e in b.events() { eprintln!("B {e}"); }
-    eprintln!("{}", a.log_tail(40));
-    eprintln!("{:?}", page_lines(&url, "dbg").await);
+    let args: Vec<String> = [
+        "--backend",
+        "redis",
+        "--redis-url",
+        &format!("redis://127.0.0.1:{}", harness::free_port()),
+        "--gateway",
+        &gateway.url(),
+        "--edits",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut w = spawn_worker(args);
+    let error = w.wait_for_event("error").await;
+    assert_eq!(error["during"], "connect", "{error}");
+    assert_eq!(error["transient"], true, "{error}");
+    w.wait_for_event("error").await;
+    w.terminate();
+    let (summary, status) = w.wait_summary().await;
+    assert_eq!(status.code(), Some(0), "{}", w.log_tail(20));
+    assert_eq!(count(&summary, "attempted"), 0, "{summary}");
+}
+
+#[tokio::test]
+async fn duration_ends_an_unbounded_run_with_a_summary() {
+    let locks = LockService::start("redis").await;
+    let gateway = start_gateway(gateway::Fencing::Enforce).await;
+    let mut w = spawn_worker(worker_args(
+        &locks,
+        &gateway.url(),
+        "duration",
+        "w",
+        &["--duration", "700ms", "--work-ms", "20"],
+    ));
+    let (summary, status) = w.wait_summary().await;
+    assert_eq!(status.code(), Some(0), "{}", w.log_tail(20));
+    assert_summary_adds_up(&summary);
+    assert!(count(&summary, "acknowledged") >= 1, "{summary}");
+    assert_eq!(
+        page_lines(&gateway.url(), "duration").await.len() as u64,
+        count(&summary, "acknowledged")
+    );
 }

@@ -279,7 +279,7 @@ mod tests {
     fn stale_token_error_carries_offered_and_current_tokens() {
         let err = parse_error(
             StatusCode::CONFLICT,
-            r#"{"error":"stale_token","message":"token 3 is older than 5","offered":3,"current":5}"#,
+            r#"{"error":"stale_token","message":"token 3 is older than 5","offered_token":3,"current_token":5,"issuer":"redis"}"#,
             None,
         );
         assert_eq!(

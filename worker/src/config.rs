@@ -227,3 +227,87 @@ impl Config {
         self.edits.filter(|&n| n > 0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        Config::try_parse_from(std::iter::once("worker").chain(args.iter().copied()))
+            .expect("parse")
+    }
+
+    #[test]
+    fn redlock_with_fencing_on_is_refused_with_the_reason() {
+        let c = parse(&[
+            "--backend",
+            "redlock",
+            "--redlock-urls",
+            "redis://a,redis://b,redis://c",
+            "--gateway",
+            "http://g",
+        ]);
+        assert_eq!(c.validate(), Err(ConfigError::RedlockNeedsFencingOff));
+        let c = Config {
+            fencing: FencingMode::Off,
+            ..c
+        };
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.redlock_urls.len(), 3);
+    }
+
+    #[test]
+    fn each_backend_needs_its_connection_setting() {
+        let c = Config {
+            // Whatever the environment says.
+            mysql_url: None,
+            ..parse(&["--backend", "lease-mysql", "--gateway", "http://g"])
+        };
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::Missing {
+                backend: "lease-mysql",
+                setting: "--mysql-url / MYSQL_URL"
+            })
+        );
+    }
+
+    #[test]
+    fn bad_page_ids_and_gateway_urls_are_refused() {
+        let base = ["--backend", "redis", "--redis-url", "redis://r"];
+        let bad_page = parse(&[&base[..], &["--gateway", "http://g", "--page", "a/b"]].concat());
+        assert!(matches!(
+            bad_page.validate(),
+            Err(ConfigError::Invalid { what: "--page", .. })
+        ));
+        let bad_url = parse(&[&base[..], &["--gateway", "g:8080"]].concat());
+        assert!(matches!(
+            bad_url.validate(),
+            Err(ConfigError::Invalid {
+                what: "--gateway",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn defaults_match_the_agreed_interface() {
+        let c = parse(&[
+            "--backend",
+            "redis",
+            "--redis-url",
+            "redis://r",
+            "--gateway",
+            "http://g",
+        ]);
+        assert_eq!(c.page, "demo");
+        assert_eq!(c.ttl, Duration::from_secs(2));
+        assert_eq!(c.wait, Duration::from_secs(30));
+        assert_eq!(c.work_ms, 100);
+        assert_eq!(c.fencing, FencingMode::On);
+        assert_eq!(c.events, EventsMode::None);
+        assert!(!c.if_match);
+        assert_eq!(c.edit_limit(), None);
+        assert_eq!(c.lock_name(), "page:demo");
+    }
+}

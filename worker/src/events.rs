@@ -18,6 +18,8 @@ use crate::config::EventsMode;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
+    /// Connecting to the lock service at startup.
+    Connect,
     Acquire,
     Read,
     Write,
@@ -32,7 +34,8 @@ pub enum Event {
     Acquired { token: Option<u64>, issuer: String },
     /// The page was read (version 0: it does not exist yet).
     Read { version: u64 },
-    /// After the lost-lock check, immediately before the PUT is sent.
+    /// After the lost-lock check, immediately before the PUT is sent (and
+    /// again before each retry of a PUT that failed transiently).
     Writing {
         token: Option<u64>,
         /// Whether the token is sent (`--fencing on`).

@@ -7,6 +7,12 @@
 //! with jittered backoff inside the edit while the lease holds; they never end
 //! the run.
 //!
+//! A retried PUT is the same request again (same body, same token), so a
+//! retry after a PUT whose answer was lost cannot add the line twice; `writing`
+//! is emitted before every attempt. If the lease is lost while retrying, the
+//! edit counts as abandoned even though an earlier attempt may have landed:
+//! the summary never claims an edit the gateway did not acknowledge.
+//!
 //! The check in step 5 and the write in step 6 are not atomic, and nothing in a
 //! client can make them so: a pause between them (`--stop-self-at writing`) is
 //! invisible here. Only the gateway's fence catches it.
@@ -47,6 +53,7 @@ impl RunError {
     pub fn exit_code(&self) -> i32 {
         match self {
             RunError::Config(_) | RunError::Unfenced { .. } | RunError::Gateway(_) => 2,
+            RunError::Backend(BackendError::Lock(LockError::InvalidConfig(_))) => 2,
             RunError::Backend(BackendError::Lock(_)) => 1,
             RunError::Backend(_) => 2,
         }
@@ -82,7 +89,7 @@ where
     }
 
     let gateway = GatewayClient::new(&config.gateway, &client_id)?;
-    let Some(locks) = connect(&config, &stop).await? else {
+    let Some(locks) = connect(&config, &stop, &events).await? else {
         let summary = Summary::default();
         events.emit(None, Event::Summary(summary));
         return Ok(summary);
@@ -117,6 +124,7 @@ where
 async fn connect(
     config: &Config,
     stop: &CancellationToken,
+    events: &EventSink,
 ) -> Result<Option<Arc<dyn LockService>>, RunError> {
     let mut backoff = Backoff::new();
     loop {
@@ -126,9 +134,14 @@ async fn connect(
         };
         match attempt {
             Ok(locks) => return Ok(Some(locks)),
-            Err(e) if e.is_transient() => {
-                tracing::warn!("lock service not reachable yet, retrying: {e}");
-            }
+            Err(e) if e.is_transient() => events.emit(
+                None,
+                Event::Error {
+                    during: Stage::Connect,
+                    transient: true,
+                    message: e.to_string(),
+                },
+            ),
             Err(e) => return Err(e.into()),
         }
         if !backoff.sleep_or(stop).await {
@@ -254,7 +267,7 @@ impl Workload {
         }
     }
 
-    #[tracing::instrument(name = "edit", skip_all, fields(n, token = ?lease.token()))]
+    #[tracing::instrument(name = "edit", skip_all, fields(n = n, token = ?lease.token()))]
     async fn edit(&self, n: u64, lease: &Lease) -> Outcome {
         let token = lease.token();
         let page_id = &self.config.page;
@@ -315,7 +328,9 @@ impl Workload {
         }
 
         // 6. Fenced write. From `writing` on, a pause goes unnoticed here.
-        let if_match = self.config.if_match.then_some(page.version);
+        // If-Match only for a page that existed: the gateway refuses any
+        // If-Match on a page never written.
+        let if_match = (self.config.if_match && page.version > 0).then_some(page.version);
         let (line_ref, body_ref, fence_ref) = (&line, &body, fence.as_ref());
         let written = self
             .retrying(n, Stage::Write, lease, move || async move {
@@ -511,7 +526,13 @@ impl Workload {
         if self.config.stop_self_at != Some(at) || self.stopped_self.swap(true, Ordering::SeqCst) {
             return;
         }
-        tracing::warn!("stopping myself with SIGSTOP at {at:?} (--stop-self-at); SIGCONT resumes");
+        tracing::warn!(
+            "stopping myself with SIGSTOP at `{}` (--stop-self-at); SIGCONT resumes",
+            match at {
+                StopAt::Read => "read",
+                StopAt::Writing => "writing",
+            }
+        );
         if let Err(e) = raise(Signal::SIGSTOP) {
             tracing::error!("could not SIGSTOP myself: {e}");
         }

@@ -11,7 +11,7 @@ use harness::zookeeper::ZooKeeperEnsemble;
 use harness::{wait_until, ZooKeeper};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use worker::lock::zookeeper::{ZooKeeperLock, LOCKS_ROOT};
@@ -292,8 +292,10 @@ const CHILD_LOCK: &str = "ZK_LOCK_TEST_CHILD_LOCK";
 
 /// Run by `paused_holder_loses_its_session_and_the_next_waiter_gets_a_higher_token`
 /// in a child process (it does nothing when run directly). Prints `ACQUIRED
-/// <token>`, waits for `CHECK` on stdin, answers with what the lease says, then
-/// asks ZooKeeper with a renewal.
+/// <token>`; a plain thread notices the resume after SIGCONT (a gap in its own
+/// 20 ms sleeps) and checks the lease at once, before the ZooKeeper client has
+/// had a chance to reconnect and learn about the expiry; then asks ZooKeeper
+/// with a renewal.
 #[tokio::test]
 #[ignore = "child process of the SIGSTOP test"]
 async fn child_holder_process() {
@@ -302,17 +304,22 @@ async fn child_holder_process() {
         return;
     };
     let lock = connect(&connect_string).await;
-    let lease = lock.acquire(&name, SESSION, Duration::ZERO).await.unwrap();
+    // A TTL far above the session timeout: only the session bounds the lease.
+    let lease = lock
+        .acquire(&name, Duration::from_secs(60), Duration::ZERO)
+        .await
+        .unwrap();
+    let signal = lease.lost_signal();
+    let resumed = tokio::task::spawn_blocking(move || loop {
+        let before = std::time::Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        if before.elapsed() > SESSION / 2 {
+            return (signal.is_lost(), signal.reason());
+        }
+    });
     println!("ACQUIRED {}", lease.token().unwrap());
-    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
-    let command = stdin.next_line().await.unwrap();
-    assert_eq!(command.as_deref(), Some("CHECK"));
-    // The very first check after SIGCONT, before anything else runs.
-    println!(
-        "CHECK lost={} reason={:?}",
-        lease.is_lost(),
-        lease.lost_reason()
-    );
+    let (lost, reason) = resumed.await.unwrap();
+    println!("CHECK lost={lost} reason={reason:?}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match lease.renew().await {
@@ -366,14 +373,12 @@ async fn paused_holder_loses_its_session_and_the_next_waiter_gets_a_higher_token
         ])
         .env(CHILD_CONNECT, &cs)
         .env(CHILD_LOCK, name)
-        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("re-run the test binary as the holder");
     let pid = Pid::from_raw(child.id().unwrap() as i32);
     let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut stdin = child.stdin.take().unwrap();
     let paused_token: u64 = expect_line(&mut out, "ACQUIRED ").await.parse().unwrap();
 
     let waiter = connect(&cs).await;
@@ -404,19 +409,25 @@ async fn paused_holder_loses_its_session_and_the_next_waiter_gets_a_higher_token
     assert!(token > paused_token, "{token} <= {paused_token}");
 
     kill(pid, Signal::SIGCONT).unwrap();
-    stdin.write_all(b"CHECK\n").await.unwrap();
+    // The first check after resuming says "lost", from the lease's own
+    // deadline (validity below the session timeout), not from ZooKeeper.
     let check = expect_line(&mut out, "CHECK ").await;
     assert!(
         check.starts_with("lost=true"),
         "resumed holder still trusts its lease: {check}"
     );
+    assert!(check.contains("validity passed"), "{check}");
     let renew = expect_line(&mut out, "RENEW ").await;
     assert!(
         renew.starts_with("refused") && renew.contains("session"),
         "the resumed holder's session must be gone: {renew}"
     );
     expect_line(&mut out, "DONE").await;
-    assert!(child.wait().await.unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("child exits")
+        .unwrap();
+    assert!(status.success());
     lease.release().await.unwrap();
 }
 

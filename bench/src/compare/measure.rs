@@ -1,0 +1,800 @@
+//! One function per figure of the comparison. Every figure is a real run
+//! against the real service started here; an error is returned, never a number
+//! made up.
+//!
+//! The limits and peers repeat the invocations of the per-backend benchmarks
+//! (`locks.rs`: redis-benchmark, pgbench, mariadb-slap, Python's redis Lock;
+//! `redlock.rs`: bare SET NX PX + DEL on every node, rslock), whose functions
+//! are private to their modules; the raw ZooKeeper create+delete and the kazoo
+//! Lock are measured here the same way.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use chaos::Backend;
+use clap::Parser;
+use futures::future::join_all;
+use harness::{MariaDb, Postgres, Redis, ZooKeeper};
+use tokio::process::Command;
+use tokio::time::Instant;
+use worker::lock::lease_table::{LeaseTable, MYSQL_ACQUIRE, MYSQL_RELEASE, PG_ACQUIRE, PG_RELEASE};
+use worker::lock::redis::{RedisLock, GRANT_SCRIPT, RELEASE_SCRIPT};
+use worker::lock::redlock::Redlock;
+use worker::lock::zookeeper::ZooKeeperLock;
+use worker::lock::{AcquireOptions, LockService};
+use zookeeper_client as zk;
+
+use super::{Commands, Figure, Settings};
+use crate::stats::Run;
+
+/// Redlock's N in the comparison.
+pub const REDLOCK_N: usize = 5;
+/// Pinned versions of the Python peers.
+const PY_PACKAGES: [&str; 2] = ["redis==8.1.0", "kazoo==2.11.0"];
+/// Grants in the speed runs outlive any run; nobody renews them.
+const TTL: Duration = Duration::from_secs(10);
+
+pub struct Ctx {
+    pub settings: Settings,
+    pub commands: Commands,
+    pub python: Option<PathBuf>,
+    pub python_error: Option<String>,
+}
+
+/// The real services one backend needs, started by this command.
+pub enum Services {
+    Redis(Redis),
+    Redlock(Vec<Redis>),
+    ZooKeeper(ZooKeeper),
+    Postgres { _server: Postgres, db: String },
+    MariaDb { server: MariaDb, db: String },
+}
+
+impl Services {
+    /// Start them; a harness panic (binary missing, no readiness) becomes an error.
+    pub async fn start(backend: Backend) -> anyhow::Result<Services> {
+        Ok(match backend {
+            Backend::Redis => Services::Redis(guarded("redis-server", Redis::start()).await?),
+            Backend::Redlock => {
+                let mut nodes = vec![];
+                for _ in 0..REDLOCK_N {
+                    nodes.push(guarded("redis-server", Redis::start()).await?);
+                }
+                Services::Redlock(nodes)
+            }
+            Backend::Zookeeper => {
+                Services::ZooKeeper(guarded("zookeeper", ZooKeeper::start()).await?)
+            }
+            Backend::LeasePostgres => {
+                let server = guarded("postgres", Postgres::start()).await?;
+                let db = server.create_database().await;
+                Services::Postgres {
+                    _server: server,
+                    db,
+                }
+            }
+            Backend::LeaseMysql => {
+                let server = guarded("mariadb", MariaDb::start()).await?;
+                let db = server.create_database().await;
+                Services::MariaDb { server, db }
+            }
+        })
+    }
+
+    fn redis_urls(&self) -> Vec<String> {
+        match self {
+            Services::Redis(r) => vec![r.url()],
+            Services::Redlock(nodes) => nodes.iter().map(Redis::url).collect(),
+            _ => vec![],
+        }
+    }
+
+    /// `n` lock services, each with its own connection (or session, or pool).
+    pub async fn lock_clients(&self, n: usize) -> anyhow::Result<Vec<Arc<dyn LockService>>> {
+        let mut out: Vec<Arc<dyn LockService>> = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(match self {
+                Services::Redis(r) => Arc::new(RedisLock::connect(&r.url()).await?),
+                Services::Redlock(_) => Arc::new(Redlock::connect(&self.redis_urls()).await?),
+                Services::ZooKeeper(z) => Arc::new(
+                    ZooKeeperLock::connect(&z.connect_string(), Duration::from_secs(6)).await?,
+                ),
+                Services::Postgres { db, .. } => Arc::new(LeaseTable::postgres(db).await?),
+                Services::MariaDb { db, .. } => Arc::new(LeaseTable::mysql(db).await?),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The worker flags that reach this service.
+    fn worker_args(&self) -> Vec<String> {
+        let (backend, flag, value) = match self {
+            Services::Redis(r) => ("redis", "--redis-url", r.url()),
+            Services::Redlock(_) => ("redlock", "--redlock-urls", self.redis_urls().join(",")),
+            Services::ZooKeeper(z) => ("zookeeper", "--zookeeper-connect", z.connect_string()),
+            Services::Postgres { db, .. } => ("lease-postgres", "--database-url", db.clone()),
+            Services::MariaDb { db, .. } => ("lease-mysql", "--mysql-url", db.clone()),
+        };
+        vec!["--backend".into(), backend.into(), flag.into(), value]
+    }
+}
+
+/// Run a harness start in a task so that its panic is an error here.
+async fn guarded<T, F>(what: &str, fut: F) -> anyhow::Result<T>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    tokio::spawn(fut).await.map_err(|e| {
+        let text = if e.is_panic() {
+            let p = e.into_panic();
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panicked".into())
+        } else {
+            e.to_string()
+        };
+        anyhow!("{what} did not start: {text}")
+    })
+}
+
+pub fn limit_name(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Redis => "redis-benchmark: EVALSHA grant + release scripts",
+        Backend::Redlock => "bare SET NX PX + DEL on the 5 nodes",
+        Backend::Zookeeper => "raw create ephemeral + delete",
+        Backend::LeasePostgres => "pgbench -M prepared: the lease SQL",
+        Backend::LeaseMysql => "mariadb-slap: the lease SQL",
+    }
+}
+
+pub fn peer_name(backend: Backend) -> Option<&'static str> {
+    match backend {
+        Backend::Redis => Some("Python redis 8.1.0 Lock"),
+        Backend::Redlock => Some("rslock 0.10.0 (N=5)"),
+        Backend::Zookeeper => Some("Python kazoo 2.11.0 Lock"),
+        Backend::LeasePostgres | Backend::LeaseMysql => None,
+    }
+}
+
+fn opts() -> AcquireOptions {
+    AcquireOptions::new(TTL)
+        .wait(Duration::from_secs(30))
+        .auto_renew(false)
+}
+
+/// A few grants so that connections, scripts and tables exist before timing.
+pub async fn warm_up(svc: &Arc<dyn LockService>) -> anyhow::Result<()> {
+    for _ in 0..20 {
+        svc.acquire_with("cmp-warmup", opts())
+            .await?
+            .release()
+            .await?;
+    }
+    Ok(())
+}
+
+/// Each client in its own task acquires and releases `lock` for `secs`; one
+/// client is the uncontended figure, several on one lock the contended one.
+/// The latency of an operation includes any wait for the lock.
+pub async fn ours(
+    clients: &[Arc<dyn LockService>],
+    lock: &str,
+    secs: Duration,
+) -> anyhow::Result<Figure> {
+    let start = Instant::now();
+    let end = start + secs;
+    let tasks = clients.iter().map(|svc| {
+        let svc = svc.clone();
+        let lock = lock.to_string();
+        tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while Instant::now() < end {
+                let t0 = Instant::now();
+                let lease = svc.acquire_with(&lock, opts()).await?;
+                lease.release().await?;
+                lat.push(t0.elapsed());
+            }
+            anyhow::Ok(lat)
+        })
+    });
+    let mut run = Run::default();
+    for t in join_all(tasks).await {
+        run.latencies.extend(t.context("bench task panicked")??);
+    }
+    run.ops = run.latencies.len() as u64;
+    run.elapsed = start.elapsed();
+    Ok(Figure::from(&run))
+}
+
+/// `settings.workers` workers (the worker library's own edit loop, in this
+/// process, each with its own lock-service connection) edit one page through
+/// an in-process gateway with the fence enforced, for `e2e_secs`, with no
+/// simulated work between read and write. The rate is acknowledged edits per
+/// second; the note says what else happened.
+pub async fn e2e(services: &Services, page: &str, s: Settings) -> anyhow::Result<(Figure, String)> {
+    let db = guarded("postgres for the gateway", harness::fresh_database()).await?;
+    let gw = gateway::spawn(&db, gateway::Fencing::Enforce).await?;
+    let start = Instant::now();
+    let mut joins = vec![];
+    for i in 0..s.workers {
+        let mut argv: Vec<String> = [
+            "worker",
+            "--gateway",
+            &gw.url(),
+            "--page",
+            page,
+            "--client-id",
+            &format!("cmp-{i}"),
+            "--duration",
+            &format!("{}ms", s.e2e_secs.as_millis()),
+            "--work-ms",
+            "0",
+            "--ttl",
+            "2s",
+            "--wait",
+            "10s",
+            "--fencing",
+            "on",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        argv.extend(services.worker_args());
+        let config = worker::config::Config::try_parse_from(argv)?;
+        joins.push(tokio::spawn(worker::run(config, std::future::pending())));
+    }
+    let mut total = worker::events::Summary::default();
+    for j in joins {
+        let s = j.await.context("worker task panicked")??;
+        total.attempted += s.attempted;
+        total.acknowledged += s.acknowledged;
+        total.rejected += s.rejected;
+        total.abandoned += s.abandoned;
+        total.errors += s.errors;
+    }
+    let elapsed = start.elapsed();
+    let _ = gw.shutdown().await;
+    if total.acknowledged == 0 {
+        bail!("no edit acknowledged in {elapsed:?}: {total:?}");
+    }
+    let note = if total.acknowledged == total.attempted {
+        String::new()
+    } else {
+        format!(
+            "{} edits: {} acknowledged, {} rejected by the fence, {} abandoned, {} errors",
+            total.attempted, total.acknowledged, total.rejected, total.abandoned, total.errors
+        )
+    };
+    Ok((
+        Figure {
+            rate: total.acknowledged as f64 / elapsed.as_secs_f64(),
+            p50: None,
+            p99: None,
+        },
+        note,
+    ))
+}
+
+/// The limit of this backend's service, one client, `secs`.
+pub async fn limit(ctx: &Ctx, services: &Services, repeat: usize) -> anyhow::Result<Figure> {
+    let secs = ctx.settings.secs;
+    match services {
+        Services::Redis(r) => redis_benchmark(&ctx.commands, r.port(), secs).await,
+        Services::Redlock(_) => bare_redis_nodes(&services.redis_urls(), secs, repeat).await,
+        Services::ZooKeeper(z) => raw_zookeeper(&z.connect_string(), secs, repeat).await,
+        Services::Postgres { db, .. } => pgbench(&ctx.commands, db, secs).await,
+        Services::MariaDb { server, db } => {
+            mariadb_slap(&ctx.commands, server.port(), db, secs).await
+        }
+    }
+}
+
+/// The peer library on the same service, one client, `secs`, uncontended.
+pub async fn peer(ctx: &Ctx, services: &Services, repeat: usize) -> anyhow::Result<Figure> {
+    let secs = ctx.settings.secs;
+    let python = || {
+        ctx.python.clone().ok_or_else(|| {
+            anyhow!(
+                "Python peers unavailable: {}",
+                ctx.python_error.as_deref().unwrap_or("no venv")
+            )
+        })
+    };
+    match services {
+        Services::Redis(r) => {
+            let port = r.port().to_string();
+            python_peer(&ctx.commands, &python()?, PY_REDIS_LOCK, &port, secs).await
+        }
+        Services::Redlock(_) => rslock(&services.redis_urls(), secs, repeat).await,
+        Services::ZooKeeper(z) => {
+            let cs = z.connect_string();
+            python_peer(&ctx.commands, &python()?, PY_KAZOO_LOCK, &cs, secs).await
+        }
+        _ => bail!("no peer for this backend"),
+    }
+}
+
+/// redis-benchmark, one client, EVALSHA of the grant script then (separately)
+/// of the release script, each for `secs / 2`. The pair's rate is
+/// `1 / (1/grant + 1/release)`, its p50/p99 the sums (as `locks.rs` does).
+async fn redis_benchmark(commands: &Commands, port: u16, secs: Duration) -> anyhow::Result<Figure> {
+    let mut halves = vec![];
+    for (label, script) in [
+        ("GRANT_SCRIPT", GRANT_SCRIPT),
+        ("RELEASE_SCRIPT", RELEASE_SCRIPT),
+    ] {
+        let sha = output(Command::new("redis-cli").args([
+            "-p",
+            &port.to_string(),
+            "SCRIPT",
+            "LOAD",
+            script,
+        ]))
+        .await?
+        .trim()
+        .to_string();
+        let probe = redis_benchmark_once(port, &sha, 2_000).await?;
+        let n = ((probe.0 * secs.as_secs_f64() / 2.0) as u64).max(2_000);
+        commands.record(format!(
+            "redis-benchmark -p PORT -c 1 -n N -r 100000000 --csv EVALSHA <sha1 of {label}> 2 \
+             lock:{{bench-__rand_int__}} fence:{{bench-__rand_int__}} bench-owner 10000 \
+             (N sized to last {:.1} s)",
+            secs.as_secs_f64() / 2.0
+        ));
+        halves.push(redis_benchmark_once(port, &sha, n).await?);
+    }
+    let (g, r) = (halves[0], halves[1]);
+    Ok(Figure {
+        rate: 1.0 / (1.0 / g.0 + 1.0 / r.0),
+        p50: Some(g.1 + r.1),
+        p99: Some(g.2 + r.2),
+    })
+}
+
+/// (requests/s, p50, p99) of one redis-benchmark run.
+async fn redis_benchmark_once(
+    port: u16,
+    sha: &str,
+    n: u64,
+) -> anyhow::Result<(f64, Duration, Duration)> {
+    let out = output(Command::new("redis-benchmark").args([
+        "-p",
+        &port.to_string(),
+        "-c",
+        "1",
+        "-n",
+        &n.to_string(),
+        "-r",
+        "100000000",
+        "--csv",
+        "EVALSHA",
+        sha,
+        "2",
+        "lock:{bench-__rand_int__}",
+        "fence:{bench-__rand_int__}",
+        "bench-owner",
+        "10000",
+    ]))
+    .await?;
+    let line = out
+        .lines()
+        .nth(1)
+        .context("redis-benchmark printed no result")?;
+    let fields: Vec<&str> = line.split("\",\"").map(|f| f.trim_matches('"')).collect();
+    let num = |i: usize| -> anyhow::Result<f64> {
+        fields
+            .get(i)
+            .context("short redis-benchmark line")?
+            .parse::<f64>()
+            .with_context(|| format!("redis-benchmark field {i} in {line}"))
+    };
+    Ok((
+        num(1)?,
+        Duration::from_secs_f64(num(4)? / 1000.0),
+        Duration::from_secs_f64(num(6)? / 1000.0),
+    ))
+}
+
+/// One client: `SET name x NX PX ttl` on every node at once, then `DEL` on
+/// every node at once: the round trips of Redlock with no lock logic.
+async fn bare_redis_nodes(
+    urls: &[String],
+    secs: Duration,
+    repeat: usize,
+) -> anyhow::Result<Figure> {
+    let mut conns = vec![];
+    for url in urls {
+        conns.push(
+            redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+        );
+    }
+    let name = format!("cmp-bare-{repeat}");
+    timed(secs, || {
+        let conns = conns.clone();
+        let name = name.clone();
+        async move {
+            let set = join_all(conns.iter().map(|c| {
+                let mut c = c.clone();
+                let name = name.clone();
+                async move {
+                    redis::cmd("SET")
+                        .arg(&name)
+                        .arg("x")
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(TTL.as_millis() as u64)
+                        .query_async::<redis::Value>(&mut c)
+                        .await
+                }
+            }))
+            .await;
+            for r in set {
+                r?;
+            }
+            let del = join_all(conns.iter().map(|c| {
+                let mut c = c.clone();
+                let name = name.clone();
+                async move {
+                    redis::cmd("DEL")
+                        .arg(&name)
+                        .query_async::<i64>(&mut c)
+                        .await
+                }
+            }))
+            .await;
+            for r in del {
+                r?;
+            }
+            anyhow::Ok(())
+        }
+    })
+    .await
+}
+
+/// One session: create an ephemeral node, delete it: the two writes a
+/// ZooKeeper lock cannot do without.
+async fn raw_zookeeper(connect: &str, secs: Duration, repeat: usize) -> anyhow::Result<Figure> {
+    let client = zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(6))
+        .connect(connect)
+        .await
+        .map_err(|e| anyhow!("zookeeper connect: {e}"))?;
+    let parent = format!("/cmp-raw-{repeat}");
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    match client.create(&parent, b"", &persistent).await {
+        Ok(_) | Err(zk::Error::NodeExists) => {}
+        Err(e) => bail!("zookeeper create {parent}: {e}"),
+    }
+    let path = format!("{parent}/n");
+    let fig = timed(secs, || {
+        let client = client.clone();
+        let path = path.clone();
+        async move {
+            let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+            client
+                .create(&path, b"", &ephemeral)
+                .await
+                .map_err(|e| anyhow!("zookeeper create: {e}"))?;
+            client
+                .delete(&path, None)
+                .await
+                .map_err(|e| anyhow!("zookeeper delete: {e}"))?;
+            anyhow::Ok(())
+        }
+    })
+    .await;
+    drop(client);
+    fig
+}
+
+/// rslock's `lock` then `unlock` on the Redlock nodes, one client.
+async fn rslock(urls: &[String], secs: Duration, repeat: usize) -> anyhow::Result<Figure> {
+    let manager = rslock::LockManager::new(urls.to_vec());
+    let name = format!("cmp-rslock-{repeat}");
+    timed(secs, || {
+        let manager = manager.clone();
+        let name = name.clone();
+        async move {
+            let lock = manager
+                .lock(name.as_bytes(), TTL)
+                .await
+                .map_err(|e| anyhow!("rslock: {e}"))?;
+            manager.unlock(&lock).await;
+            anyhow::Ok(())
+        }
+    })
+    .await
+}
+
+/// Run `op` back to back for `secs`; one sample per call.
+async fn timed<F, Fut>(secs: Duration, mut op: F) -> anyhow::Result<Figure>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let start = Instant::now();
+    let end = start + secs;
+    let mut run = Run::default();
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        op().await?;
+        run.latencies.push(t0.elapsed());
+    }
+    run.ops = run.latencies.len() as u64;
+    run.elapsed = start.elapsed();
+    Ok(Figure::from(&run))
+}
+
+/// pgbench, one client, the lease grant then release SQL (prepared), with
+/// per-transaction latencies from its log.
+async fn pgbench(commands: &Commands, url: &str, secs: Duration) -> anyhow::Result<Figure> {
+    let dir = tempfile::tempdir()?;
+    let grant = PG_ACQUIRE
+        .replace("$1", "'pgbench'")
+        .replace("$2", "'pgbench-holder'")
+        .replace("$3", "10.0")
+        .replace("$4", "0.0");
+    let release = PG_RELEASE
+        .replace("$1", "'pgbench'")
+        .replace("$2", "'pgbench-holder'")
+        .replace("$3", ":token");
+    let script = format!("{} \\gset\n{};\n", squash(&grant), squash(&release));
+    let script_path = dir.path().join("lock.sql");
+    std::fs::write(&script_path, script)?;
+    // url: postgres://postgres@127.0.0.1:PORT/DB
+    let (host_port, db) = url
+        .trim_start_matches("postgres://postgres@")
+        .split_once('/')
+        .context("postgres url")?;
+    let (host, port) = host_port.split_once(':').context("postgres url port")?;
+    let t = secs.as_secs().max(1).to_string();
+    commands.record(format!(
+        "pgbench -n -M prepared -c 1 -T {t} -h 127.0.0.1 -p PORT -U postgres -l -f lock.sql DB \
+         (lock.sql: PG_ACQUIRE \\gset, then PG_RELEASE with :token)"
+    ));
+    let start = Instant::now();
+    output(
+        Command::new(harness::postgres::pgbench())
+            .current_dir(dir.path())
+            .args(["-n", "-M", "prepared", "-c", "1", "-T", &t])
+            .args([
+                "-h",
+                host,
+                "-p",
+                port,
+                "-U",
+                "postgres",
+                "-l",
+                "--log-prefix",
+            ])
+            .arg(dir.path().join("pgb"))
+            .arg("-f")
+            .arg(&script_path)
+            .arg(db),
+    )
+    .await?;
+    let elapsed = start.elapsed().min(secs.max(Duration::from_secs(1)));
+    let mut run = Run::default();
+    for entry in std::fs::read_dir(dir.path())? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .is_some_and(|f| f.to_string_lossy().starts_with("pgb"))
+        {
+            for line in std::fs::read_to_string(&path)?.lines() {
+                // client_id transaction_no time_us script_no time_epoch time_us
+                if let Some(us) = line.split_whitespace().nth(2) {
+                    run.latencies.push(Duration::from_micros(us.parse()?));
+                }
+            }
+        }
+    }
+    if run.latencies.is_empty() {
+        bail!("pgbench logged no transactions");
+    }
+    run.ops = run.latencies.len() as u64;
+    run.elapsed = elapsed;
+    Ok(Figure::from(&run))
+}
+
+/// mariadb-slap, one client, the lease grant then release SQL on an existing
+/// row; it reports no latencies, only the rate.
+async fn mariadb_slap(
+    commands: &Commands,
+    port: u16,
+    url: &str,
+    secs: Duration,
+) -> anyhow::Result<Figure> {
+    // The grant updates an existing row: create it with one real grant.
+    let lease = LeaseTable::mysql(url).await?;
+    lease
+        .acquire("limit", Duration::from_secs(1), Duration::ZERO)
+        .await?
+        .release()
+        .await?;
+    let db = url.rsplit('/').next().context("mysql url")?;
+    let grant = MYSQL_ACQUIRE
+        .replacen('?', "'slap-holder'", 1)
+        .replacen('?', "10000000", 1)
+        .replacen('?', "'limit'", 1)
+        .replacen('?', "0", 1);
+    let release = MYSQL_RELEASE
+        .replacen('?', "'limit'", 1)
+        .replacen('?', "'slap-holder'", 1)
+        .replacen('?', "last_insert_id()", 1);
+    let query = format!("{};{}", squash(&grant), squash(&release));
+    commands.record(
+        "mariadb-slap --host=127.0.0.1 --port=PORT --user=root --create-schema=DB --concurrency=1 \
+         --iterations=1 --number-of-queries=2N --delimiter=';' --query='MYSQL_ACQUIRE;MYSQL_RELEASE' \
+         (N sized from a 500-pair probe)",
+    );
+    let slap = |pairs: u64| {
+        let query = query.clone();
+        async move {
+            let out = output(Command::new("mariadb-slap").args([
+                "--host=127.0.0.1",
+                &format!("--port={port}"),
+                "--user=root",
+                &format!("--create-schema={db}"),
+                "--concurrency=1",
+                "--iterations=1",
+                &format!("--number-of-queries={}", pairs * 2),
+                "--delimiter=;",
+                &format!("--query={query}"),
+            ]))
+            .await?;
+            let secs: f64 = out
+                .lines()
+                .find(|l| l.contains("Average number of seconds"))
+                .and_then(|l| l.split_whitespace().find_map(|w| w.parse().ok()))
+                .with_context(|| format!("mariadb-slap output: {out}"))?;
+            anyhow::Ok(pairs as f64 / secs)
+        }
+    };
+    let probe = slap(500).await?;
+    let rate = slap(((probe * secs.as_secs_f64()) as u64).max(500)).await?;
+    Ok(Figure {
+        rate,
+        p50: None,
+        p99: None,
+    })
+}
+
+const PY_REDIS_LOCK: &str = r#"
+import json, sys, time
+import redis
+port, secs = int(sys.argv[1]), float(sys.argv[2])
+r = redis.Redis(port=port)
+lat = []
+start = time.perf_counter()
+end = start + secs
+while time.perf_counter() < end:
+    t0 = time.perf_counter()
+    lock = r.lock("cmp-py", timeout=10, blocking_timeout=30)
+    if not lock.acquire():
+        raise SystemExit("not acquired")
+    lock.release()
+    lat.append(time.perf_counter() - t0)
+print(json.dumps({"elapsed": time.perf_counter() - start, "lat": lat}))
+"#;
+
+const PY_KAZOO_LOCK: &str = r#"
+import json, sys, time
+from kazoo.client import KazooClient
+hosts, secs = sys.argv[1], float(sys.argv[2])
+zk = KazooClient(hosts=hosts, timeout=6.0)
+zk.start(timeout=15)
+lock = zk.Lock("/cmp-kazoo/lock", "compare")
+lat = []
+start = time.perf_counter()
+end = start + secs
+while time.perf_counter() < end:
+    t0 = time.perf_counter()
+    if not lock.acquire(timeout=30):
+        raise SystemExit("not acquired")
+    lock.release()
+    lat.append(time.perf_counter() - t0)
+elapsed = time.perf_counter() - start
+zk.stop()
+print(json.dumps({"elapsed": elapsed, "lat": lat}))
+"#;
+
+/// A Python peer script: acquire+release in a loop for `secs`, one thread.
+async fn python_peer(
+    commands: &Commands,
+    python: &Path,
+    script: &str,
+    target: &str,
+    secs: Duration,
+) -> anyhow::Result<Figure> {
+    let which = if script == PY_KAZOO_LOCK {
+        "kazoo: KazooClient(hosts).Lock(path).acquire(timeout=30) + release()"
+    } else {
+        "redis: Redis(port).lock(name, timeout=10, blocking_timeout=30).acquire() + release()"
+    };
+    commands.record(format!(
+        "{} -c <script in bench/src/compare/measure.rs> TARGET {} ({which}, one thread)",
+        python.display(),
+        secs.as_secs_f64()
+    ));
+    let out = output(
+        Command::new(python)
+            .arg("-c")
+            .arg(script)
+            .arg(target)
+            .arg(secs.as_secs_f64().to_string()),
+    )
+    .await?;
+    #[derive(serde::Deserialize)]
+    struct Out {
+        elapsed: f64,
+        lat: Vec<f64>,
+    }
+    let o: Out = serde_json::from_str(out.trim()).context("python peer output")?;
+    let run = Run {
+        ops: o.lat.len() as u64,
+        elapsed: Duration::from_secs_f64(o.elapsed),
+        latencies: o.lat.into_iter().map(Duration::from_secs_f64).collect(),
+    };
+    Ok(Figure::from(&run))
+}
+
+/// A venv under `target/compare-venv` with the pinned peers, created on first use.
+pub async fn python_venv(commands: &Commands) -> anyhow::Result<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let venv = target.join("compare-venv");
+    let python = venv.join("bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import redis, kazoo"])
+        .output()
+        .await
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    commands.record(format!(
+        "python3 -m venv target/compare-venv && target/compare-venv/bin/pip install {}",
+        PY_PACKAGES.join(" ")
+    ));
+    if !ready {
+        output(Command::new("python3").arg("-m").arg("venv").arg(&venv)).await?;
+        output(
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "-q"])
+                .args(PY_PACKAGES),
+        )
+        .await?;
+    }
+    Ok(python)
+}
+
+async fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .kill_on_drop(true)
+        .output()
+        .await
+        .with_context(|| format!("spawn {:?}", cmd.as_std().get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "{:?} failed ({}): {}",
+            cmd.as_std().get_program(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn squash(sql: &str) -> String {
+    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+}
