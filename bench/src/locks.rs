@@ -50,6 +50,9 @@ pub struct Args {
     /// created under `target/lockbench-venv` and `redis==8.1.0` installed.
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Measure only the Redis backend against its limit (a quick check).
+    #[arg(long)]
+    redis_only: bool,
 }
 
 /// One row of the table: repeated runs of one system in one mode.
@@ -153,21 +156,33 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some("redis-benchmark"),
     ));
 
+    // Each system is measured right beside its limit within a run, and ratios
+    // are taken per run (then the median), so that load from other processes
+    // on this shared machine hits both sides of a ratio alike.
+    let base = 2 * services.len();
     for round in 0..args.runs {
         eprintln!("run {}/{} ...", round + 1, args.runs);
-        for (i, (_, svc)) in services.iter().enumerate() {
-            rows[2 * i].push(ours(svc.clone(), 1, secs, &format!("u{round}")).await?);
-            rows[2 * i + 1].push(ours(svc.clone(), n, secs, &format!("c{round}")).await?);
-        }
-        let base = 2 * services.len();
+        let (u, c) = (format!("u{round}"), format!("c{round}"));
+        let redis_svc = services[0].1.clone();
+        rows[0].push(ours(redis_svc.clone(), 1, secs, &u).await?);
         rows[base].push(redis_benchmark(redis.port(), secs).await?);
-        rows[base + 1].push(pgbench(&pg_db, secs).await?);
-        let slap = mariadb_slap(maria.port(), &my_db, secs).await?;
-        rows[base + 2].rates.push(slap);
+        rows[1].push(ours(redis_svc, n, secs, &c).await?);
         if let Ok(py) = &python {
             rows[base + 3].push(python_lock(py, redis.port(), 1, secs).await?);
             rows[base + 4].push(python_lock(py, redis.port(), n, secs).await?);
         }
+        if args.redis_only {
+            continue;
+        }
+        let pg_svc = services[1].1.clone();
+        rows[2].push(ours(pg_svc.clone(), 1, secs, &u).await?);
+        rows[base + 1].push(pgbench(&pg_db, secs).await?);
+        rows[3].push(ours(pg_svc, n, secs, &c).await?);
+        let my_svc = services[2].1.clone();
+        rows[4].push(ours(my_svc.clone(), 1, secs, &u).await?);
+        let slap = mariadb_slap(maria.port(), &my_db, secs).await?;
+        rows[base + 2].rates.push(slap);
+        rows[5].push(ours(my_svc, n, secs, &c).await?);
     }
 
     print_table(&rows, &args);
@@ -510,14 +525,20 @@ fn tempfile_dir(what: &str) -> anyhow::Result<PathBuf> {
 }
 
 fn print_table(rows: &[Row], args: &Args) {
-    let rate_of = |system: &str| {
-        rows.iter()
-            .find(|r| r.system == system)
-            .map(Row::rate)
-            .unwrap_or(0.0)
+    // The median over runs of (this run's rate / the limit's rate in the same run).
+    let ratio = |row: &Row, limit: &str| -> Option<f64> {
+        let limit = rows.iter().find(|r| r.system == limit)?;
+        let per_run: Vec<f64> = row
+            .rates
+            .iter()
+            .zip(&limit.rates)
+            .filter(|(_, l)| **l > 0.0)
+            .map(|(r, l)| r / l)
+            .collect();
+        (!per_run.is_empty()).then(|| median(&per_run))
     };
     println!(
-        "{} runs of {} s each, {} contenders; medians (spread = min..max of the runs' rates)\n",
+        "{} runs of {} s each, {} contenders; medians; spread = min..max of the runs' rates; \"vs limit\" = median of per-run ratios\n",
         args.runs, args.seconds, args.contenders
     );
     println!("| system | mode | acquire+release/s | spread | p50 ms | p99 ms | vs limit |");
@@ -528,11 +549,9 @@ fn print_table(rows: &[Row], args: &Args) {
         }
         let (lo, hi) = spread(&row.rates);
         let lat = |q| row.p(q).map(ms).unwrap_or_else(|| "n/a".into());
-        let vs = match row.limit {
-            Some(limit) if rate_of(limit) > 0.0 => {
-                format!("{:.2}× {limit}", row.rate() / rate_of(limit))
-            }
-            _ => "(limit)".into(),
+        let vs = match row.limit.and_then(|l| ratio(row, l).map(|r| (l, r))) {
+            Some((limit, r)) => format!("{r:.2}× {limit}"),
+            None => "(limit)".into(),
         };
         println!(
             "| {} | {} | {:.0} | {:.0}..{:.0} | {} | {} | {} |",

@@ -5,9 +5,10 @@
 //!
 //! One operation is one uncontended acquire followed by its release, issued by
 //! `--clients` concurrent tasks on distinct lock names over one shared client
-//! per contender (how a worker process uses it). Each contender runs for
-//! `--seconds`, the contenders take turns, and the whole round is repeated
-//! `--runs` times; the table quotes medians.
+//! per contender (how a worker process uses it). In each run every contender
+//! gets `--seconds` in total, in 250 ms turns taken round-robin (so load from
+//! elsewhere on the machine hits all alike); runs are repeated `--runs` times
+//! and the table quotes medians over runs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,9 @@ use worker::lock::redlock::Redlock;
 use worker::lock::{AcquireOptions, LockService};
 
 use crate::stats::{median, ms, spread, Run};
+
+/// Length of one turn of one contender.
+const SLICE_MS: u64 = 250;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -102,15 +106,18 @@ impl Contender {
     }
 }
 
+/// Run `contender` for `slice` and add what it did to `run`.
 async fn measure(
     contender: &Contender,
     label: &str,
-    args: &Args,
+    clients: usize,
+    slice: Duration,
     ttl: Duration,
-) -> anyhow::Result<Run> {
-    let until = Instant::now() + Duration::from_secs(args.seconds);
+    run: &mut Run,
+) -> anyhow::Result<()> {
+    let until = Instant::now() + slice;
     let started = Instant::now();
-    let tasks = (0..args.clients).map(|i| {
+    let tasks = (0..clients).map(|i| {
         let contender = contender.clone();
         let name = format!("bench-{label}-{i}");
         tokio::spawn(async move {
@@ -123,14 +130,13 @@ async fn measure(
             anyhow::Ok(latencies)
         })
     });
-    let mut run = Run::default();
     for t in join_all(tasks).await {
         let latencies = t.context("bench task panicked")??;
         run.ops += latencies.len() as u64;
         run.latencies.extend(latencies);
     }
-    run.elapsed = started.elapsed();
-    Ok(run)
+    run.elapsed += started.elapsed();
+    Ok(())
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -176,10 +182,27 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
+    // The machine is shared and noisy: within a run the contenders take turns
+    // in short slices, so a burst of load hits all of them alike.
+    let slice = Duration::from_millis(SLICE_MS);
+    let slices = (args.seconds * 1000 / SLICE_MS).max(1);
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); contenders.len()];
     for r in 0..args.runs {
-        for (i, (label, n, c)) in contenders.iter().enumerate() {
-            let run = measure(c, &format!("{i}"), &args, ttl).await?;
+        let mut this_run = vec![Run::default(); contenders.len()];
+        for _ in 0..slices {
+            for (i, (_, _, c)) in contenders.iter().enumerate() {
+                measure(
+                    c,
+                    &format!("{i}"),
+                    args.clients,
+                    slice,
+                    ttl,
+                    &mut this_run[i],
+                )
+                .await?;
+            }
+        }
+        for (i, ((label, n, _), run)) in contenders.iter().zip(this_run).enumerate() {
             eprintln!(
                 "run {}: {label} N={n}: {:.0}/s p50 {} ms p99 {} ms",
                 r + 1,

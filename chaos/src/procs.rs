@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
@@ -19,18 +19,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 
-/// Unix time in ms, the unit of the worker's `ts`.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-/// Where the project's binaries are: `$CHAOS_BIN_DIR`, else the cargo target
-/// dir this executable runs from (`target/debug` or `target/debug/deps`).
-pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
-    let dir = match std::env::var_os("CHAOS_BIN_DIR") {
+fn bin_dir() -> anyhow::Result<PathBuf> {
+    Ok(match std::env::var_os("CHAOS_BIN_DIR") {
         Some(d) => PathBuf::from(d),
         None => {
             let exe = std::env::current_exe().context("current exe")?;
@@ -40,8 +30,73 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
             }
             dir
         }
+    })
+}
+
+/// The pinned copies of earlier runs (a static's temp dir is never dropped):
+/// remove those older than an hour, which no live run still uses.
+fn remove_stale_snapshots(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
     };
-    let path = dir.join(name);
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(3600));
+        if old
+            && entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("chaos-bin-")
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Unix time in ms, the unit of the worker's `ts`.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The project's binary `name`, pinned for the whole run: the first call
+/// hard-links (or copies) it into a private temp dir, so that a rebuild of the
+/// shared target dir in the middle of a run cannot mix two versions.
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    static SNAPSHOT: OnceLock<Mutex<(Option<tempfile::TempDir>, Vec<String>)>> = OnceLock::new();
+    let snapshot = SNAPSHOT.get_or_init(|| Mutex::new((None, vec![])));
+    let mut snap = snapshot.lock().expect("binary snapshot");
+    if snap.0.is_none() {
+        let dir = bin_dir()?;
+        remove_stale_snapshots(&dir);
+        snap.0 = Some(
+            tempfile::Builder::new()
+                .prefix("chaos-bin-")
+                .tempdir_in(&dir)?,
+        );
+    }
+    let pinned = snap.0.as_ref().expect("snapshot dir").path().join(name);
+    if !snap.1.iter().any(|n| n == name) {
+        let source = built_binary(name)?;
+        if std::fs::hard_link(&source, &pinned).is_err() {
+            std::fs::copy(&source, &pinned)
+                .with_context(|| format!("copy {} to {}", source.display(), pinned.display()))?;
+        }
+        snap.1.push(name.to_string());
+    }
+    Ok(pinned)
+}
+
+/// Where the project's binaries are built: `$CHAOS_BIN_DIR`, else the cargo
+/// target dir this executable runs from (`target/debug` or `target/debug/deps`).
+fn built_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let path = bin_dir()?.join(name);
     if !path.is_file() {
         bail!(
             "binary `{}` not found; build it first with `cargo build -p {name}` \
@@ -260,7 +315,7 @@ impl WorkerProc {
                 self.resume();
                 self.crash().await;
                 bail!(
-                    "worker {} did not finish within {timeout:?}; killed. stderr tail:\n{}",
+                    "STUCK: worker {} did not finish within {timeout:?} (killed); stderr tail:\n{}",
                     self.client,
                     self.stderr_tail(20)
                 )

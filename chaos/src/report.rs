@@ -229,7 +229,8 @@ pub fn table(rows: &[Row]) -> String {
             if !notes.is_empty() {
                 notes.push_str("; ");
             }
-            notes.push_str(&format!("ERROR: {e}"));
+            // The first line only; the JSON keeps the whole error with the logs.
+            notes.push_str(&format!("ERROR: {}", e.lines().next().unwrap_or("")));
         }
         // Redlock grants carry no token: the gateway cannot tell stale from fresh.
         let unfenced = r.backend == "redlock";

@@ -187,7 +187,7 @@ impl Ctx<'_> {
                 e.client == client && e.kind() == k
             })
             .await
-            .with_context(|| self.worker_logs())
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", self.worker_logs()))
     }
 
     async fn wait_all_exit(&mut self) -> anyhow::Result<()> {

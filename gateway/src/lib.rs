@@ -9,6 +9,7 @@
 //! # Layout
 //! - `lib.rs`: [`Config`], [`AppState`], [`app`], [`serve`], [`migrate`],
 //!   [`connect`] and [`spawn`] (a whole gateway on a free port, for tests).
+//! - [`db`]: the connection pool requests use (one round trip per request).
 //! - [`store`]: the SQL. `sql/fenced_access.sql` is the one statement that
 //!   carries the safety argument; read its header comment.
 //! - [`http`]: routes, header and body validation, responses.
@@ -28,6 +29,7 @@
 //!   page (400, 413, 415, 428) leave no history.
 //! - `GET /pages`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
 
+pub mod db;
 pub mod error;
 pub mod http;
 pub mod metrics;
@@ -83,15 +85,21 @@ pub struct Config {
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    pub db: PgPool,
+    /// Connections for requests, opened like `pool`'s and as many.
+    pub db: db::Db,
+    /// The sqlx pool it was made from (migrations, shutdown).
+    pub pool: PgPool,
     pub fencing: Fencing,
     pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
-    pub fn new(db: PgPool, fencing: Fencing) -> Self {
+    /// Requests use their own connections (see [`db`]), with `pool`'s
+    /// connect options and size.
+    pub fn new(pool: PgPool, fencing: Fencing) -> Self {
         Self {
-            db,
+            db: db::Db::like(&pool),
+            pool,
             fencing,
             metrics: Arc::new(Metrics::new()),
         }
@@ -112,14 +120,13 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
         .context("run migrations")
 }
 
-/// A pool that fails fast: a request waits at most 2 s for a connection, then
-/// gets 503. Connections are tested before use, so the pool heals by itself
-/// once PostgreSQL is back.
+/// The sqlx pool behind [`AppState`]: fails fast (2 s to get a connection).
+/// Requests go through [`db::Db`] instead, which avoids sqlx's ping on release.
 pub fn pool_options(max_connections: u32) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(2))
-        .test_before_acquire(true)
+        .test_before_acquire(false)
 }
 
 /// Connect once (no retry).
@@ -185,7 +192,8 @@ impl RunningGateway {
         if let Some(task) = self.task.take() {
             task.await.context("gateway task")?.context("serve")?;
         }
-        self.state.db.close().await;
+        self.state.db.close();
+        self.state.pool.close().await;
         Ok(())
     }
 }

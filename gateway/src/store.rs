@@ -3,7 +3,8 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+
+use crate::db::Db;
 
 /// The statement behind every fenced GET and every PUT: fence check, write and
 /// history row, atomically, in one round trip. The benchmark runs this exact
@@ -48,6 +49,14 @@ impl Row {
 }
 
 type RawRow = (String, Option<String>, i64, Option<String>, Option<i64>);
+type AccessRow = (
+    String,
+    Option<String>,
+    i64,
+    Option<String>,
+    Option<i64>,
+    String,
+);
 
 fn row((id, body, version, issuer, token): RawRow) -> Row {
     let fence = match (issuer, token) {
@@ -101,15 +110,9 @@ impl Verdict {
 
 /// Run [`FENCED_ACCESS`]: returns the verdict and the row as it is afterwards
 /// (unchanged unless accepted or stale).
-pub async fn fenced_access(db: &PgPool, a: &Access<'_>) -> Result<(Verdict, Row), sqlx::Error> {
-    let (id, body, version, issuer, token, outcome): (
-        String,
-        Option<String>,
-        i64,
-        Option<String>,
-        Option<i64>,
-        String,
-    ) = sqlx::query_as(FENCED_ACCESS)
+pub async fn fenced_access(db: &Db, a: &Access<'_>) -> Result<(Verdict, Row), sqlx::Error> {
+    let mut conn = db.acquire().await?;
+    let result = sqlx::query_as(FENCED_ACCESS)
         .bind(a.id)
         .bind(if a.write.is_some() { "PUT" } else { "GET" })
         .bind(a.write)
@@ -118,32 +121,37 @@ pub async fn fenced_access(db: &PgPool, a: &Access<'_>) -> Result<(Verdict, Row)
         .bind(a.if_match)
         .bind(a.enforce)
         .bind(a.client_id)
-        .fetch_one(db)
-        .await?;
+        .fetch_one(&mut *conn)
+        .await;
+    let (id, body, version, issuer, token, outcome): AccessRow = conn.finish(result)?;
     let verdict = Verdict::parse(&outcome)
         .ok_or_else(|| sqlx::Error::Protocol(format!("unknown outcome {outcome:?}")))?;
     Ok((verdict, row((id, body, version, issuer, token))))
 }
 
 /// An unfenced read: no lock, no history.
-pub async fn read(db: &PgPool, id: &str) -> Result<Option<Page>, sqlx::Error> {
-    let raw: Option<RawRow> = sqlx::query_as(
+pub async fn read(db: &Db, id: &str) -> Result<Option<Page>, sqlx::Error> {
+    let mut conn = db.acquire().await?;
+    let result = sqlx::query_as(
         "select id, body, version, fence_issuer, fence_token from pages where id = $1",
     )
     .bind(id)
-    .fetch_optional(db)
-    .await?;
+    .fetch_optional(&mut *conn)
+    .await;
+    let raw: Option<RawRow> = conn.finish(result)?;
     Ok(raw.map(row).and_then(Row::page))
 }
 
 /// Every written page, by id (bodies left out).
-pub async fn list(db: &PgPool) -> Result<Vec<Row>, sqlx::Error> {
-    let raws: Vec<RawRow> = sqlx::query_as(
+pub async fn list(db: &Db) -> Result<Vec<Row>, sqlx::Error> {
+    let mut conn = db.acquire().await?;
+    let result = sqlx::query_as(
         "select id, null::text, version, fence_issuer, fence_token
          from pages where body is not null order by id",
     )
-    .fetch_all(db)
-    .await?;
+    .fetch_all(&mut *conn)
+    .await;
+    let raws: Vec<RawRow> = conn.finish(result)?;
     Ok(raws.into_iter().map(row).collect())
 }
 
@@ -165,18 +173,22 @@ pub struct HistoryEntry {
 }
 
 /// The newest `limit` attempts on a page, newest first.
-pub async fn history(db: &PgPool, id: &str, limit: i64) -> Result<Vec<HistoryEntry>, sqlx::Error> {
-    sqlx::query_as(
+pub async fn history(db: &Db, id: &str, limit: i64) -> Result<Vec<HistoryEntry>, sqlx::Error> {
+    let mut conn = db.acquire().await?;
+    let result = sqlx::query_as(
         "select id as seq, at, method, outcome, token, issuer, client_id, version, fence_token
          from page_history where page_id = $1 order by id desc limit $2",
     )
     .bind(id)
     .bind(limit)
-    .fetch_all(db)
-    .await
+    .fetch_all(&mut *conn)
+    .await;
+    conn.finish(result)
 }
 
 /// Is the database reachable?
-pub async fn ping(db: &PgPool) -> Result<(), sqlx::Error> {
-    sqlx::query("select 1").execute(db).await.map(|_| ())
+pub async fn ping(db: &Db) -> Result<(), sqlx::Error> {
+    let mut conn = db.acquire().await?;
+    let result = sqlx::query("select 1").execute(&mut *conn).await;
+    conn.finish(result).map(|_| ())
 }

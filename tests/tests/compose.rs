@@ -418,6 +418,21 @@ fn dockerfile_builds_and_copies_the_binaries_the_workspace_defines() {
             );
         }
     }
+
+    // The runtime stage runs as a non-root user and has a healthcheck.
+    let runtime = dockerfile.rsplit("\nFROM ").next().unwrap();
+    let user = runtime
+        .lines()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("the runtime image sets USER");
+    assert!(
+        !["root", "0"].contains(&user.trim()),
+        "the runtime image runs as root"
+    );
+    assert!(
+        runtime.contains("HEALTHCHECK"),
+        "the runtime image has no HEALTHCHECK"
+    );
 }
 
 /// `scripts/stack env NAME`, with the defaults (none of the caller's overrides).

@@ -16,6 +16,8 @@ pub struct Machine {
     pub cpu: String,
     pub memory: String,
     pub os: String,
+    /// The services' versions as their binaries report them.
+    pub services: Vec<String>,
 }
 
 impl Machine {
@@ -46,8 +48,59 @@ impl Machine {
             cpu,
             memory,
             os: format!("{pretty}, Linux {kernel}"),
+            services: service_versions(),
         }
     }
+}
+
+/// First line of `program args`, or nothing when it cannot run.
+fn version_of(program: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().next()?.trim();
+    (!line.is_empty()).then(|| line.to_string())
+}
+
+fn service_versions() -> Vec<String> {
+    let mut v = vec![];
+    if let Some(l) = version_of("redis-server", &["--version"]) {
+        // "Redis server v=7.0.15 sha=..."
+        let ver = l.split_whitespace().find_map(|w| w.strip_prefix("v="));
+        v.push(format!("redis-server {}", ver.unwrap_or(&l)));
+    }
+    if let Some(l) = version_of(
+        &harness::postgres::pgbench()
+            .with_file_name("postgres")
+            .to_string_lossy(),
+        &["--version"],
+    ) {
+        v.push(l);
+    }
+    if let Some(l) = version_of("mariadbd", &["--version"]) {
+        v.push(
+            l.split(" for ")
+                .next()
+                .unwrap_or(&l)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+    }
+    let zk = std::fs::read_dir("/usr/share/java")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find_map(|f| {
+            f.strip_prefix("zookeeper-")?
+                .strip_suffix(".jar")
+                .filter(|ver| ver.starts_with(|c: char| c.is_ascii_digit()))
+                .map(|ver| format!("ZooKeeper {ver} (standalone)"))
+        });
+    v.extend(zk);
+    v
 }
 
 /// Now, UTC, to the minute (civil date from the Unix day count).
@@ -389,9 +442,13 @@ pub fn markdown(report: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "- Every service is a private, real process started by the command (Debian's \
-         redis-server 7.0, ZooKeeper 3.8 standalone, PostgreSQL 15, MariaDB 10.11); Redlock \
-         runs on 5 independent redis-servers. All share the machine with the benchmark itself."
+        "- Every service is a private, real process started by the command ({}); Redlock runs \
+         on 5 independent redis-servers. All share the machine with the benchmark itself.",
+        if m.services.is_empty() {
+            "versions unknown".to_string()
+        } else {
+            m.services.join(", ")
+        }
     );
     let _ = writeln!(out, "\n## Speed\n");
     let _ = writeln!(
@@ -402,7 +459,11 @@ pub fn markdown(report: &Report) -> String {
          pool), on one lock; a waiter's latency includes its wait. The end-to-end column runs \
          {w} of the worker's own edit loops (`worker::run`, each with its own lock connection) on \
          one page through an in-process gateway with the fence enforced: acquire, fenced GET, \
-         fenced PUT, release, no simulated work (`--work-ms 0`); it counts acknowledged edits.\n",
+         fenced PUT, release, no simulated work (`--work-ms 0`); it counts acknowledged edits.\n\n\
+         Under contention the p50 can be lower than uncontended: the locks that poll (Redis, \
+         Redlock, the lease tables) are not fair, and the client that just released often \
+         takes the lock again at once; the p99 is the waiters' latency. ZooKeeper's lock is a \
+         fair queue.\n",
         c = report.settings.contenders,
         w = report.settings.workers
     );
@@ -441,9 +502,12 @@ pub fn markdown(report: &Report) -> String {
     out
 }
 
+/// Which cell of a backend a chart series shows.
+type Pick = fn(&BackendReport) -> &Cell;
+
 /// Grouped bars per backend, log scale: uncontended, contended, end to end, limit.
 pub fn svg(report: &Report, path: &Path) -> anyhow::Result<()> {
-    let series: [(&str, RGBColor, fn(&BackendReport) -> &Cell); 4] = [
+    let series: [(&str, RGBColor, Pick); 4] = [
         (
             "uncontended acquire+release/s",
             RGBColor(31, 119, 180),
@@ -496,6 +560,7 @@ pub fn svg(report: &Report, path: &Path) -> anyhow::Result<()> {
                 String::new()
             }
         })
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .y_desc("per second")
         .draw()
         .map_err(|e| err(&e))?;
@@ -527,7 +592,11 @@ pub fn svg(report: &Report, path: &Path) -> anyhow::Result<()> {
             .filter(|(_, b)| pick(b).rate().is_none())
             .map(|(i, _)| {
                 let x0 = i as f64 + 0.1 + k as f64 * width;
-                Text::new("n/m".to_string(), (x0, 1.3), ("sans-serif", 11).into_font())
+                Text::new(
+                    "not measured".to_string(),
+                    (x0, 1.3),
+                    ("sans-serif", 10).into_font(),
+                )
             })
             .collect();
         chart.draw_series(missing).map_err(|e| err(&e))?;

@@ -22,9 +22,10 @@
 //!    is tried at most [`EXTEND_ATTEMPTS`] times.
 //!
 //! A node that is down or frozen (SIGSTOP) costs one per-node timeout, never a
-//! TCP or connection timeout: a node with no live connection fails at once
-//! while a background task reconnects it, and every request is cut off at the
-//! per-node timeout. A node unreachable at [`Redlock::connect`] is logged and
+//! TCP or connection timeout: every request is cut off at the per-node
+//! timeout; a connection that breaks (not one that is merely slow) is dropped,
+//! and a node with no live connection fails at once while a background task
+//! reconnects it. A node unreachable at [`Redlock::connect`] is logged and
 //! reconnected in the background; connect fails only when fewer than a
 //! majority answer.
 //!
@@ -49,6 +50,23 @@
 //! So a worker using Redlock sends no token, and only a storage with fencing
 //! off accepts its writes. Use it for efficiency (avoid doing work twice), not
 //! for correctness.
+//!
+//! # Where it breaks, reproducibly (`worker/tests/redlock.rs`)
+//! - `two_holders_after_node_restart_without_persistence`: client 1 holds A, B,
+//!   C of five (D, E unreachable); C crashes and restarts empty; client 2 gets
+//!   C, D, E while client 1's lease is still valid.
+//! - `two_holders_after_clock_jump_on_one_node`: the same, with C's key expired
+//!   early (a clock jump, simulated by `PEXPIRE key 1` because libfaketime
+//!   cannot run Debian's redis-server).
+//! - `delayed_restart_past_the_ttl_prevents_two_holders` and
+//!   `appendfsync_always_prevents_two_holders_after_restart`: the two
+//!   mitigations the Redlock page proposes, each preventing the first case.
+//! - `minority_partition_still_grants_with_validity_reduced_by_the_wait`: two of
+//!   five nodes frozen (SIGSTOP): still granted, after one per-node timeout,
+//!   with the validity shortened by that wait.
+//!
+//! [`Redlock::holders_on_nodes`] shows, node by node, who holds a key: the
+//! demonstrations and the chaos suite use it to see two holders at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -57,8 +75,8 @@ use std::time::Duration;
 use futures::future::{join_all, BoxFuture};
 use futures::FutureExt;
 use rand::Rng;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Script, Value};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, Script, Value};
 use tokio::time::Instant;
 
 use super::{
@@ -138,23 +156,16 @@ struct Node {
     /// `host:port`, for logs (never the password).
     label: String,
     client: Client,
-    conn: Mutex<Option<ConnectionManager>>,
+    /// The live connection and its generation (to forget only the one that broke).
+    conn: Mutex<Option<(u64, MultiplexedConnection)>>,
+    generation: AtomicU64,
     reconnecting: AtomicBool,
 }
 
-fn manager_config() -> ConnectionManagerConfig {
-    // One attempt per reconnection, no backoff sleeps: a request that finds
-    // the connection broken starts a reconnection and fails at its own
-    // per-node timeout; the next request finds the new connection or starts
-    // another attempt. So a restarted node counts again at once, and a node
-    // that is down costs nothing but a refused connect.
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(CONNECT_TIMEOUT)
-        .set_number_of_retries(0)
-}
-
 impl Node {
-    fn connection(self: &Arc<Self>) -> Option<ConnectionManager> {
+    /// The live connection, or `None` at once (starting a reconnection in the
+    /// background) when there is none: a down node costs nothing.
+    fn connection(self: &Arc<Self>) -> Option<(u64, MultiplexedConnection)> {
         let conn = self.conn.lock().expect("node mutex").clone();
         if conn.is_none() {
             self.reconnect_in_background();
@@ -162,11 +173,31 @@ impl Node {
         conn
     }
 
+    /// A request failed: drop the connection if it is broken (not for a mere
+    /// timeout: a frozen node keeps its socket and answers when it wakes).
+    fn failed(self: &Arc<Self>, generation: u64, e: &redis::RedisError) {
+        tracing::debug!(node = %self.label, "request failed: {e}");
+        if !e.is_unrecoverable_error() {
+            return;
+        }
+        let mut conn = self.conn.lock().expect("node mutex");
+        if conn.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *conn = None;
+            drop(conn);
+            tracing::info!(node = %self.label, "redlock node connection lost, reconnecting");
+            self.reconnect_in_background();
+        }
+    }
+
     async fn try_connect(&self) -> Result<(), String> {
-        let attempt = ConnectionManager::new_with_config(self.client.clone(), manager_config());
+        let config = AsyncConnectionConfig::new().set_connection_timeout(CONNECT_TIMEOUT);
+        let attempt = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config);
         match tokio::time::timeout(CONNECT_TIMEOUT * 2, attempt).await {
-            Ok(Ok(m)) => {
-                *self.conn.lock().expect("node mutex") = Some(m);
+            Ok(Ok(c)) => {
+                let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+                *self.conn.lock().expect("node mutex") = Some((generation, c));
                 Ok(())
             }
             Ok(Err(e)) => Err(e.to_string()),
@@ -198,7 +229,7 @@ impl Node {
     }
 
     async fn set_nx(self: &Arc<Self>, key: &str, owner: &str, ttl_ms: u64, t: Duration) -> Reply {
-        let Some(mut conn) = self.connection() else {
+        let Some((generation, mut conn)) = self.connection() else {
             return Reply::Failed;
         };
         let mut cmd = redis::cmd("SET");
@@ -211,7 +242,7 @@ impl Node {
                 Reply::Failed
             }
             Ok(Err(e)) => {
-                tracing::debug!(node = %self.label, "SET failed: {e}");
+                self.failed(generation, &e);
                 Reply::Failed
             }
             Err(_) => Reply::Failed,
@@ -225,7 +256,7 @@ impl Node {
         args: &[&str],
         t: Duration,
     ) -> Reply {
-        let Some(mut conn) = self.connection() else {
+        let Some((generation, mut conn)) = self.connection() else {
             return Reply::Failed;
         };
         let mut inv = script.key(key);
@@ -236,7 +267,7 @@ impl Node {
             Ok(Ok(1)) => Reply::Yes,
             Ok(Ok(_)) => Reply::No,
             Ok(Err(e)) => {
-                tracing::debug!(node = %self.label, "script failed: {e}");
+                self.failed(generation, &e);
                 Reply::Failed
             }
             Err(_) => Reply::Failed,
@@ -244,11 +275,15 @@ impl Node {
     }
 
     async fn get(self: &Arc<Self>, key: &str, t: Duration) -> Option<String> {
-        let mut conn = self.connection()?;
+        let (generation, mut conn) = self.connection()?;
         let get = redis::cmd("GET").arg(key).to_owned();
         match tokio::time::timeout(t, get.query_async::<Option<String>>(&mut conn)).await {
             Ok(Ok(v)) => v,
-            _ => None,
+            Ok(Err(e)) => {
+                self.failed(generation, &e);
+                None
+            }
+            Err(_) => None,
         }
     }
 }
@@ -320,6 +355,7 @@ impl Redlock {
                 label: addr,
                 client,
                 conn: Mutex::new(None),
+                generation: AtomicU64::new(0),
                 reconnecting: AtomicBool::new(false),
             }));
         }

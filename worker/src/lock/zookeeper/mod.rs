@@ -301,8 +301,19 @@ impl ZooKeeperLock {
             },
         );
         let prefix = format!("{parent}/{guid_prefix}{FAIR_NODE}");
+        // Pipelined: the getChildren is sent right behind the create, before
+        // its answer. ZooKeeper answers one session's requests in order, so
+        // the listing already holds our node (found by its GUID): an
+        // uncontended acquire costs one round trip, not two.
+        let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let listed_at = Instant::now();
+        let (created, listed) = tokio::join!(
+            client.create(&prefix, data, &mode),
+            client.list_children(parent)
+        );
+        let created_at_once = created.is_ok();
         let (path, stat) =
-            create_protected(client, root, parent, &prefix, &guid_prefix, data).await?;
+            create_protected(client, root, parent, &prefix, &guid_prefix, data, created).await?;
         cleanup.pending = Pending::Created(path.clone());
         let ours = node_name(&path).to_string();
         let our_seq = sequence_of(&ours).ok_or_else(|| {
@@ -311,11 +322,21 @@ impl ZooKeeperLock {
                 format!("created node {path} has no sequence suffix"),
             )
         })?;
+        let mut first = match listed {
+            Ok(children) if created_at_once => Some(children),
+            _ => None,
+        };
         loop {
-            let sent = Instant::now();
-            let children = retry(|| client.list_children(parent))
-                .await
-                .map_err(zk_error)?;
+            let (sent, children) = match first.take() {
+                Some(children) => (listed_at, children),
+                None => {
+                    let sent = Instant::now();
+                    let children = retry(|| client.list_children(parent))
+                        .await
+                        .map_err(zk_error)?;
+                    (sent, children)
+                }
+            };
             let mut queue: Vec<(i64, &str)> = children
                 .iter()
                 .filter(|c| c.starts_with("_c_") && c.contains(FAIR_NODE))
@@ -703,10 +724,12 @@ async fn create_protected(
     prefix: &str,
     guid_prefix: &str,
     data: &[u8],
+    first_attempt: Result<(zk::Stat, zk::CreateSequence), zk::Error>,
 ) -> Result<(String, zk::Stat), LockError> {
     let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let mut attempt = first_attempt;
     for _ in 0..CONNECTION_LOSS_RETRIES {
-        match client.create(prefix, data, &mode).await {
+        match attempt {
             Ok((stat, seq)) => return Ok((format!("{prefix}{seq}"), stat)),
             Err(zk::Error::NoNode) => ensure_parent(client, root, parent).await?,
             Err(zk::Error::ConnectionLoss) => {
@@ -721,6 +744,7 @@ async fn create_protected(
             }
             Err(e) => return Err(zk_error(e)),
         }
+        attempt = client.create(prefix, data, &mode).await;
     }
     Err(LockError::unavailable(
         ISSUER,
