@@ -496,7 +496,11 @@ fn chaos_plan(settings: &Settings, backends: &[Backend]) -> Vec<(Plan, usize)> {
     plans
         .into_iter()
         .map(|p| {
-            let n = backends.iter().map(|&b| p.rows_for(b).len()).sum();
+            let n = backends
+                .iter()
+                .filter(|b| p.backends.as_ref().is_none_or(|only| only.contains(b)))
+                .map(|&b| p.rows_for(b).len())
+                .sum();
             (p, n)
         })
         .collect()
@@ -516,7 +520,18 @@ async fn run_chaos(settings: &Settings, backends: &[Backend], bar: &ProgressBar)
             "chaos: {n} scenario row(s), seed {} ...",
             plan.seed
         ));
-        let result = chaos::run(&plan).await;
+        // In a task, so that a panic in the runner costs the chaos rows only.
+        let result = match tokio::spawn({
+            let plan = plan.clone();
+            async move { chaos::run(&plan).await }
+        })
+        .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                return ChaosResult::NotMeasured(one_line(&format!("the chaos runner failed: {e}")))
+            }
+        };
         bar.inc(n as u64);
         described.push(format!(
             "chaos::run with seed {} ({}{})",
@@ -588,8 +603,8 @@ fn parse_chaos_json(text: &str) -> anyhow::Result<(u64, Vec<ChaosRow>)> {
 pub fn one_line(s: &str) -> String {
     let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
     let s = s.replace('|', "/");
-    if s.chars().count() > 300 {
-        format!("{}…", s.chars().take(300).collect::<String>())
+    if s.chars().count() > 500 {
+        format!("{}…", s.chars().take(500).collect::<String>())
     } else {
         s
     }

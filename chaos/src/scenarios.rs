@@ -383,6 +383,8 @@ pub async fn postgres_restart(
         .wait_for("a first `wrote`", EVENT_WAIT, |e| e.kind() == "wrote")
         .await?;
     pg.kill();
+    // Longer than the other outages, so that requests surely land in it.
+    let outage = ctx.timing.outage + Duration::from_secs(1);
     let url = format!("{}/pages/{}", ctx.gateway.url(), ctx.page);
     let status = reqwest::Client::new()
         .get(&url)
@@ -391,7 +393,7 @@ pub async fn postgres_restart(
         .await
         .map(|r| r.status().as_u16().to_string())
         .unwrap_or_else(|e| format!("no answer ({e})"));
-    tokio::time::sleep(ctx.timing.outage).await;
+    tokio::time::sleep(outage).await;
     pg.start_again().await;
     ctx.wait_all_exit().await?;
     let events = ctx.log.all();
@@ -404,7 +406,7 @@ pub async fn postgres_restart(
     row.note(format!(
         "gateway answered {status} while Postgres was down {:?}, then recovered; \
          workers saw {failed} failed request(s), {gave_up} edit(s) ended in error (never acknowledged)",
-        ctx.timing.outage
+        outage
     ));
     if status != "503" {
         row.note("EXPECTED 503 during the outage");
@@ -551,6 +553,19 @@ pub async fn collect(
         .await?;
     let history = report::parse_history(&history);
     let events = log.all();
+    if let Some(dir) = std::env::var_os("CHAOS_EVENTS_DIR") {
+        // Every event of the row, with the runner's receive time, for a post-mortem.
+        let lines: Vec<String> = events
+            .iter()
+            .map(|e| {
+                serde_json::json!({"client": e.client, "received_ms": e.received_ms, "event": e.json})
+                    .to_string()
+            })
+            .collect();
+        let path = std::path::Path::new(&dir).join(format!("{page}.jsonl"));
+        std::fs::write(&path, lines.join("\n") + "\n")
+            .with_context(|| format!("write {}", path.display()))?;
+    }
     let (acked, lost, missing) = report::lost_updates(&events, &body);
     row.acknowledged = acked;
     row.lost_updates = lost;

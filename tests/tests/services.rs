@@ -11,7 +11,10 @@ async fn postgres_hands_out_fresh_databases() {
     let b = fresh_database().await;
     assert_ne!(a, b);
     let mut conn = sqlx::PgConnection::connect(&a).await.unwrap();
-    let one: i32 = sqlx::query_scalar("select 1").fetch_one(&mut conn).await.unwrap();
+    let one: i32 = sqlx::query_scalar("select 1")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(one, 1);
 }
 
@@ -22,7 +25,9 @@ async fn postgres_survives_kill_and_start_again() {
     pg.kill();
     assert!(sqlx::PgConnection::connect(&url).await.is_err());
     pg.start_again().await;
-    sqlx::PgConnection::connect(&url).await.expect("database kept across crash");
+    sqlx::PgConnection::connect(&url)
+        .await
+        .expect("database kept across crash");
 }
 
 #[tokio::test]
@@ -31,7 +36,9 @@ async fn redis_restart_without_persistence_forgets_keys() {
     let port = redis.port();
     let set = |cmd: &'static str| async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
         s.write_all(cmd.as_bytes()).await.unwrap();
         let mut buf = [0u8; 64];
         let n = s.read(&mut buf).await.unwrap();
@@ -50,7 +57,9 @@ async fn redis_pause_stops_answers_until_resume() {
     let port = redis.port();
     let attempt = tokio::time::timeout(Duration::from_millis(300), async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
         s.write_all(b"PING\r\n").await.unwrap();
         let mut buf = [0u8; 16];
         s.read(&mut buf).await.unwrap()
@@ -63,13 +72,18 @@ async fn redis_pause_stops_answers_until_resume() {
 async fn mariadb_hands_out_fresh_databases() {
     let url = fresh_mysql_database().await;
     let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
-    let one: i32 = sqlx::query_scalar("select 1").fetch_one(&mut conn).await.unwrap();
+    let one: i32 = sqlx::query_scalar("select 1")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(one, 1);
 }
 
 #[tokio::test]
 async fn zookeeper_answers_ruok() {
     let zk = ZooKeeper::start().await;
-    let stat = harness::zookeeper::four_letter(zk.port(), "srvr").await.unwrap();
+    let stat = harness::zookeeper::four_letter(zk.port(), "srvr")
+        .await
+        .unwrap();
     assert!(stat.contains("Mode: standalone"), "{stat}");
 }

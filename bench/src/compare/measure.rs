@@ -4,9 +4,9 @@
 //!
 //! The limits and peers repeat the invocations of the per-backend benchmarks
 //! (`locks.rs`: redis-benchmark, pgbench, mariadb-slap, Python's redis Lock;
-//! `redlock.rs`: bare SET NX PX + DEL on every node, rslock), whose functions
-//! are private to their modules; the raw ZooKeeper create+delete and the kazoo
-//! Lock are measured here the same way.
+//! `redlock.rs`: bare SET NX PX + DEL on every node, rslock; `zookeeper.rs`:
+//! raw create + getChildren + delete, kazoo's Lock), whose functions are
+//! private to their modules.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -146,7 +146,7 @@ pub fn limit_name(backend: Backend) -> &'static str {
     match backend {
         Backend::Redis => "redis-benchmark: EVALSHA grant + release scripts",
         Backend::Redlock => "bare SET NX PX + DEL on the 5 nodes",
-        Backend::Zookeeper => "raw create ephemeral + delete",
+        Backend::Zookeeper => "raw create EPHEMERAL_SEQUENTIAL + getChildren + delete",
         Backend::LeasePostgres => "pgbench -M prepared: the lease SQL",
         Backend::LeaseMysql => "mariadb-slap: the lease SQL",
     }
@@ -458,40 +458,43 @@ async fn bare_redis_nodes(
     .await
 }
 
-/// One session: create an ephemeral node, delete it: the two writes a
-/// ZooKeeper lock cannot do without.
+/// One session: create EPHEMERAL_SEQUENTIAL, getChildren of the parent,
+/// delete: the three requests of the lock recipe with no recipe around them
+/// (the same sequence as `bench zookeeper`'s limit).
 async fn raw_zookeeper(connect: &str, secs: Duration, repeat: usize) -> anyhow::Result<Figure> {
     let client = zk::Client::connector()
         .with_session_timeout(Duration::from_secs(6))
         .connect(connect)
         .await
         .map_err(|e| anyhow!("zookeeper connect: {e}"))?;
-    let parent = format!("/cmp-raw-{repeat}");
+    let parent = format!("/cmp-raw/r{repeat}");
     let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    match client.create(&parent, b"", &persistent).await {
-        Ok(_) | Err(zk::Error::NodeExists) => {}
-        Err(e) => bail!("zookeeper create {parent}: {e}"),
-    }
-    let path = format!("{parent}/n");
-    let fig = timed(secs, || {
+    client
+        .mkdir(&parent, &persistent)
+        .await
+        .map_err(|e| anyhow!("zookeeper mkdir {parent}: {e}"))?;
+    let prefix = format!("{parent}/n-");
+    timed(secs, || {
         let client = client.clone();
-        let path = path.clone();
+        let (parent, prefix) = (parent.clone(), prefix.clone());
         async move {
-            let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
-            client
-                .create(&path, b"", &ephemeral)
+            let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            let (_, seq) = client
+                .create(&prefix, b"", &mode)
                 .await
                 .map_err(|e| anyhow!("zookeeper create: {e}"))?;
             client
-                .delete(&path, None)
+                .list_children(&parent)
+                .await
+                .map_err(|e| anyhow!("zookeeper getChildren: {e}"))?;
+            client
+                .delete(&format!("{prefix}{seq}"), None)
                 .await
                 .map_err(|e| anyhow!("zookeeper delete: {e}"))?;
             anyhow::Ok(())
         }
     })
-    .await;
-    drop(client);
-    fig
+    .await
 }
 
 /// rslock's `lock` then `unlock` on the Redlock nodes, one client.
@@ -720,8 +723,8 @@ async fn python_peer(
         "redis: Redis(port).lock(name, timeout=10, blocking_timeout=30).acquire() + release()"
     };
     commands.record(format!(
-        "{} -c <script in bench/src/compare/measure.rs> TARGET {} ({which}, one thread)",
-        python.display(),
+        "target/compare-venv/bin/python -c <script in bench/src/compare/measure.rs> TARGET {} \
+         ({which}, one thread)",
         secs.as_secs_f64()
     ));
     let out = output(

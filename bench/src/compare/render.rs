@@ -382,8 +382,13 @@ fn notes(report: &Report, out: &mut String) {
 
 fn setup_line(report: &Report) -> String {
     let s = &report.settings;
+    let build = if cfg!(debug_assertions) {
+        "DEBUG BUILD (no --release): the figures are not representative. "
+    } else {
+        ""
+    };
     format!(
-        "{} repeat(s){}; {} s per acquire+release, limit and peer run; {} s per end-to-end run; \
+        "{build}{} repeat(s){}; {} s per acquire+release, limit and peer run; {} s per end-to-end run; \
          medians{}.",
         s.repeat,
         if s.quick { " (--quick)" } else { "" },
@@ -463,7 +468,9 @@ pub fn markdown(report: &Report) -> String {
          Under contention the p50 can be lower than uncontended: the locks that poll (Redis, \
          Redlock, the lease tables) are not fair, and the client that just released often \
          takes the lock again at once; the p99 is the waiters' latency. ZooKeeper's lock is a \
-         fair queue.\n",
+         fair queue, and every grant and release is a write that ZooKeeper syncs to its \
+         transaction log; concurrent clients probably share those syncs, which would explain a \
+         contended rate above the uncontended one.\n",
         c = report.settings.contenders,
         w = report.settings.workers
     );
@@ -495,9 +502,9 @@ pub fn markdown(report: &Report) -> String {
     let _ = writeln!(
         out,
         "\nThe limits repeat the invocations of `bench locks` (redis-benchmark, pgbench, \
-         mariadb-slap, Python redis Lock) and `bench redlock` (bare SET NX PX + DEL, rslock); \
-         the raw ZooKeeper create+delete and the kazoo Lock are measured by \
-         `bench/src/compare/measure.rs`."
+         mariadb-slap, Python redis Lock) and `bench redlock` (bare SET NX PX + DEL, rslock) and \
+         `bench zookeeper` (raw create + getChildren + delete, kazoo Lock), re-implemented in \
+         `bench/src/compare/measure.rs` because those modules keep them private."
     );
     out
 }

@@ -9,6 +9,9 @@
 //!    nodes at once over one multiplexed connection per node, each request
 //!    with a per-node timeout far below the TTL (default
 //!    `clamp(ttl / 200, 5 ms, 50 ms)`, see [`Redlock::with_node_timeout`]).
+//!    Replies are counted as they arrive: the round stops as soon as a
+//!    majority said OK (or can no longer say it), so the slowest node never
+//!    sets the pace; requests still in flight reach their node anyway.
 //! 2. Granted only if a majority (`N/2 + 1`) said OK and the elapsed time is
 //!    below the TTL minus the clock drift allowance (`ttl × 1 % + 2 ms`). The
 //!    lease is then trusted until `start + ttl − drift`, so right after the
@@ -73,7 +76,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::future::{join_all, BoxFuture};
-use futures::FutureExt;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use rand::Rng;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Script, Value};
@@ -228,34 +232,30 @@ impl Node {
         });
     }
 
-    async fn set_nx(self: &Arc<Self>, key: &str, owner: &str, ttl_ms: u64, t: Duration) -> Reply {
+    /// `SET key owner NX PX ttl`. No deadline here: [`gather`] applies one
+    /// deadline to the whole round.
+    async fn set_nx(self: &Arc<Self>, key: &str, owner: &str, ttl_ms: u64) -> Reply {
         let Some((generation, mut conn)) = self.connection() else {
             return Reply::Failed;
         };
         let mut cmd = redis::cmd("SET");
         cmd.arg(key).arg(owner).arg("NX").arg("PX").arg(ttl_ms);
-        match tokio::time::timeout(t, cmd.query_async::<Value>(&mut conn)).await {
-            Ok(Ok(Value::Okay)) => Reply::Yes,
-            Ok(Ok(Value::Nil)) => Reply::No,
-            Ok(Ok(other)) => {
+        match cmd.query_async::<Value>(&mut conn).await {
+            Ok(Value::Okay) => Reply::Yes,
+            Ok(Value::Nil) => Reply::No,
+            Ok(other) => {
                 tracing::warn!(node = %self.label, "unexpected SET reply {other:?}");
                 Reply::Failed
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 self.failed(generation, &e);
                 Reply::Failed
             }
-            Err(_) => Reply::Failed,
         }
     }
 
-    async fn script(
-        self: &Arc<Self>,
-        script: &Script,
-        key: &str,
-        args: &[&str],
-        t: Duration,
-    ) -> Reply {
+    /// A compare-owner script: 1 is yes. No deadline here, as for `set_nx`.
+    async fn script(self: &Arc<Self>, script: &Script, key: &str, args: &[&str]) -> Reply {
         let Some((generation, mut conn)) = self.connection() else {
             return Reply::Failed;
         };
@@ -263,14 +263,13 @@ impl Node {
         for a in args {
             inv.arg(*a);
         }
-        match tokio::time::timeout(t, inv.invoke_async::<i64>(&mut conn)).await {
-            Ok(Ok(1)) => Reply::Yes,
-            Ok(Ok(_)) => Reply::No,
-            Ok(Err(e)) => {
+        match inv.invoke_async::<i64>(&mut conn).await {
+            Ok(1) => Reply::Yes,
+            Ok(_) => Reply::No,
+            Err(e) => {
                 self.failed(generation, &e);
                 Reply::Failed
             }
-            Err(_) => Reply::Failed,
         }
     }
 
@@ -306,22 +305,62 @@ impl Cluster {
             .unwrap_or_else(|| default_node_timeout(ttl))
     }
 
+    /// Whether a round can stop: a majority said yes, or so many said no or
+    /// failed that no majority is possible any more.
+    fn decided(&self, t: &Tally) -> bool {
+        t.yes >= self.quorum() || t.no + t.failed > self.nodes.len() - self.quorum()
+    }
+
     /// Release on every node at once; how many deleted our key.
     async fn release_all(&self, key: &str, owner: &str, t: Duration) -> usize {
         let release = &scripts().1;
         let args = [owner];
-        let replies = join_all(self.nodes.iter().map(|n| n.script(release, key, &args, t))).await;
-        replies.iter().filter(|r| matches!(r, Reply::Yes)).count()
+        let requests = self.nodes.iter().map(|n| n.script(release, key, &args));
+        gather(requests, t, |_| false).await.yes
     }
+}
 
-    /// Count (yes, no, failed) replies.
-    fn tally(replies: &[Reply]) -> (usize, usize, usize) {
-        replies.iter().fold((0, 0, 0), |(y, n, f), r| match r {
-            Reply::Yes => (y + 1, n, f),
-            Reply::No => (y, n + 1, f),
-            Reply::Failed => (y, n, f + 1),
-        })
+/// Replies of one round to all nodes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    yes: usize,
+    no: usize,
+    /// Errors, and nodes that had not answered when the round stopped.
+    failed: usize,
+}
+
+/// Send every request at once and count replies as they arrive, until
+/// `decided` says the outcome is known, every node answered, or the per-node
+/// timeout `t` passes (one deadline for the round: the requests all left at
+/// the same moment). Requests still in flight are not withdrawn: they reach
+/// their node anyway, which is why a failed round releases on every node.
+async fn gather<F>(
+    requests: impl IntoIterator<Item = F>,
+    t: Duration,
+    decided: impl Fn(&Tally) -> bool,
+) -> Tally
+where
+    F: std::future::Future<Output = Reply>,
+{
+    let mut pending: FuturesUnordered<F> = requests.into_iter().collect();
+    let total = pending.len();
+    let mut tally = Tally::default();
+    let deadline = tokio::time::sleep(t);
+    tokio::pin!(deadline);
+    while !decided(&tally) {
+        tokio::select! {
+            biased;
+            reply = pending.next() => match reply {
+                Some(Reply::Yes) => tally.yes += 1,
+                Some(Reply::No) => tally.no += 1,
+                Some(Reply::Failed) => tally.failed += 1,
+                None => break,
+            },
+            _ = &mut deadline => break,
+        }
     }
+    tally.failed = total - tally.yes - tally.no;
+    tally
 }
 
 /// Redlock over N independent Redis masters. Cheap to share behind an `Arc`.
@@ -465,15 +504,10 @@ impl Redlock {
         let drift = drift_of(opts.ttl);
 
         let start = Instant::now();
-        let replies = join_all(
-            cluster
-                .nodes
-                .iter()
-                .map(|n| n.set_nx(&key, &owner, ttl_ms, t)),
-        )
-        .await;
+        let requests = cluster.nodes.iter().map(|n| n.set_nx(&key, &owner, ttl_ms));
+        let tally = gather(requests, t, |t| cluster.decided(t)).await;
         let elapsed = start.elapsed();
-        let (yes, no, failed) = Cluster::tally(&replies);
+        let Tally { yes, no, failed } = tally;
         majority_answered.store(yes + no >= cluster.quorum(), Ordering::Relaxed);
 
         if yes >= cluster.quorum() && elapsed + drift < opts.ttl {
@@ -575,15 +609,9 @@ impl Grant for RedlockGrant {
             let mut last = String::new();
             for attempt in 1..=EXTEND_ATTEMPTS {
                 let start = if attempt == 1 { first } else { Instant::now() };
-                let replies = join_all(
-                    cluster
-                        .nodes
-                        .iter()
-                        .map(|n| n.script(extend, &self.key, &args, t)),
-                )
-                .await;
+                let requests = cluster.nodes.iter().map(|n| n.script(extend, &self.key, &args));
+                let Tally { yes, no, failed } = gather(requests, t, |t| cluster.decided(t)).await;
                 let elapsed = start.elapsed();
-                let (yes, no, failed) = Cluster::tally(&replies);
                 if yes >= cluster.quorum() && elapsed + drift < ttl {
                     // Valid until start + ttl − drift; counted from the first attempt.
                     return Ok((start - first) + ttl - drift);
