@@ -30,8 +30,8 @@ pub struct Args {
     /// How many pages the writes are spread over.
     #[arg(long, default_value_t = 1000)]
     pages: u64,
-    /// Gateway pool size.
-    #[arg(long, default_value_t = 32)]
+    /// Gateway pool size (PostgreSQL connections behind the HTTP connections).
+    #[arg(long, default_value_t = gateway::DEFAULT_POOL_SIZE)]
     pool: u32,
     /// Do not rewrite the Gateway section of docs/BENCHMARKS.md.
     #[arg(long)]
@@ -58,7 +58,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     eprintln!("warming up");
-    gateway_run(gw.addr(), 8, Duration::from_secs(1), args.pages, token, &body).await?;
+    gateway_run(
+        gw.addr(),
+        8,
+        Duration::from_secs(1),
+        args.pages,
+        token,
+        &body,
+    )
+    .await?;
     pgbench_run(&pg_args(&pg, &db), &script, dir.path(), 8, 1, token, &body).await?;
 
     let mut rows = Vec::new();
@@ -454,8 +462,9 @@ fn section_text(args: &Args, table: &str) -> anyhow::Result<String> {
         "Command: `cargo run --release -p bench -- gateway` \
          (here: `--secs {} --repeats {} --clients {} --pages {} --pool {}`)\n\n\
          Machine: {}. Date: {date}. PostgreSQL 15 from Debian, private server started by the \
-         bench (`fsync=off`), the gateway in the bench's process with a pool of {}, and \
-         pgbench and the HTTP client on the same machine: everything shares the same cores.\n\n\
+         bench (`fsync=off`), the gateway in the bench's process with a pool of {} PostgreSQL connections \
+         (its default) behind the HTTP connections, and pgbench (one PostgreSQL connection per \
+         client) and the HTTP load generator on the same machine: everything shares the same cores.\n\n\
          Each request is an accepted fenced write of a random page out of {} (100-byte body, \
          one token per run, equal tokens accepted): one statement \
          (`gateway/src/sql/fenced_access.sql`) doing the row lock, fence check, write and \

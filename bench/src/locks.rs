@@ -53,6 +53,11 @@ pub struct Args {
     /// Measure only the Redis backend against its limit (a quick check).
     #[arg(long)]
     redis_only: bool,
+    /// Also measure the Redis backend uncontended on a single-threaded tokio
+    /// runtime (its own thread and connection), to separate the cost of
+    /// cross-thread wake-ups from the backend's own work.
+    #[arg(long)]
+    current_thread: bool,
 }
 
 /// One row of the table: repeated runs of one system in one mode.
@@ -155,6 +160,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "contended",
         Some("redis-benchmark"),
     ));
+    rows.push(Row::new(
+        "redis (current_thread runtime)",
+        "uncontended",
+        Some("redis-benchmark"),
+    ));
 
     // Each system is measured right beside its limit within a run, and ratios
     // are taken per run (then the median), so that load from other processes
@@ -167,6 +177,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rows[0].push(ours(redis_svc.clone(), 1, secs, &u).await?);
         rows[base].push(redis_benchmark(redis.port(), secs).await?);
         rows[1].push(ours(redis_svc, n, secs, &c).await?);
+        if args.current_thread {
+            let (url, lock) = (redis.url(), format!("t{round}"));
+            let run = tokio::task::spawn_blocking(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async {
+                    let svc: Arc<dyn LockService> = Arc::new(RedisLock::connect(&url).await?);
+                    ours(svc, 1, secs, &lock).await
+                })
+            })
+            .await??;
+            rows[base + 5].push(run);
+        }
         if let Ok(py) = &python {
             rows[base + 3].push(python_lock(py, redis.port(), 1, secs).await?);
             rows[base + 4].push(python_lock(py, redis.port(), n, secs).await?);

@@ -149,6 +149,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let urls: Vec<String> = nodes.iter().map(Redis::url).collect();
 
     let mut contenders: Vec<(String, usize, Contender)> = Vec::new();
+    let bare_single = redis::Client::open(single_server.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    contenders.push((
+        "limit: bare SET NX PX + DEL".into(),
+        1,
+        Contender::Limit(vec![bare_single]),
+    ));
     let single = RedisLock::connect(&single_server.url()).await?;
     contenders.push((
         "worker RedisLock (single instance)".into(),

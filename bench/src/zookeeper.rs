@@ -8,11 +8,12 @@
 //!   one after the other from one task. A lock serialises its holders, so this
 //!   one-at-a-time sequence is also the ceiling of the contended rows;
 //! - the peer: Python's `kazoo` `Lock` (the recipe most ZooKeeper users in
-//!   Python take), one `KazooClient` shared by `--contenders` threads, each with
-//!   its own `Lock` object, installed into a venv under `target/`.
+//!   Python take), installed into a venv under `target/`.
 //!
-//! Our side shares one session (one `ZooKeeperLock`) between its tasks, as
-//! kazoo's threads share one client.
+//! Contenders are separate clients, as separate processes would be: each of
+//! our tasks has its own `ZooKeeperLock` (own session), each kazoo thread its
+//! own `KazooClient`. (Sharing one session would queue every contender's reads
+//! behind the others' writes: ZooKeeper answers one session in order.)
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -36,8 +37,8 @@ pub struct Args {
     /// Seconds per measured run.
     #[arg(long, default_value_t = 2)]
     seconds: u64,
-    /// Runs per row (figures are medians).
-    #[arg(long, default_value_t = 3)]
+    /// Rounds; each measures every row once (figures are medians).
+    #[arg(long, default_value_t = 5)]
     runs: usize,
     /// Tasks (threads for kazoo) contending for one lock.
     #[arg(long, default_value_t = 16)]
@@ -94,7 +95,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("starting ZooKeeper ...");
     let server = ZooKeeper::start().await;
     let cs = server.connect_string();
-    let lock = ZooKeeperLock::connect(&cs, SESSION).await?;
+    let mut locks = Vec::new();
+    for _ in 0..n.max(1) {
+        locks.push(ZooKeeperLock::connect(&cs, SESSION).await?);
+    }
     let raw_client = zk::Client::connector()
         .with_session_timeout(SESSION)
         .connect(&cs)
@@ -112,10 +116,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("run {}/{} ...", round + 1, args.runs);
         rows[0]
             .runs
-            .push(ours(&lock, 1, secs, &format!("u{round}")).await?);
+            .push(ours(&locks[..1], secs, &format!("u{round}")).await?);
         rows[1]
             .runs
-            .push(ours(&lock, n, secs, &format!("c{round}")).await?);
+            .push(ours(&locks, secs, &format!("c{round}")).await?);
         if let Ok(py) = &python {
             rows[2]
                 .runs
@@ -135,17 +139,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `tasks` tasks acquire+release one lock for `secs` on one session.
-async fn ours(
-    lock: &ZooKeeperLock,
-    tasks: usize,
-    secs: Duration,
-    name: &str,
-) -> anyhow::Result<Run> {
+/// One task per session in `locks` acquire+release one lock for `secs`.
+async fn ours(locks: &[ZooKeeperLock], secs: Duration, name: &str) -> anyhow::Result<Run> {
     let start = Instant::now();
     let end = start + secs;
     let mut joins = Vec::new();
-    for _ in 0..tasks {
+    for lock in locks {
         let lock = lock.clone();
         let name = format!("bench-{name}");
         joins.push(tokio::spawn(async move {
@@ -213,15 +212,16 @@ const PY_KAZOO: &str = r#"
 import json, sys, threading, time
 from kazoo.client import KazooClient
 hosts, clients, secs, name = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-zk = KazooClient(hosts=hosts, timeout=10.0)
-zk.start()
 path = "/kazoo-bench/" + name
-zk.ensure_path(path)
+zks = [KazooClient(hosts=hosts, timeout=10.0) for _ in range(clients)]
+for zk in zks:
+    zk.start()
+zks[0].ensure_path(path)
 lat, guard = [], threading.Lock()
 start = time.perf_counter()
 end = start + secs
 def work(i):
-    lock = zk.Lock(path, "c%d" % i)
+    lock = zks[i].Lock(path, "c%d" % i)
     mine = []
     while time.perf_counter() < end:
         t0 = time.perf_counter()
@@ -235,7 +235,8 @@ threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
 for t in threads: t.start()
 for t in threads: t.join()
 elapsed = time.perf_counter() - start
-zk.stop()
+for zk in zks:
+    zk.stop()
 print(json.dumps({"elapsed": elapsed, "lat": lat}))
 "#;
 
@@ -306,15 +307,31 @@ async fn output(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Median over rounds of `row`'s rate divided by `base`'s rate in the same
+/// round: pairing runs that ran seconds apart cancels most of the drift of a
+/// shared machine.
+fn paired_ratio(row: &Row, base: &Row) -> Option<f64> {
+    if base.runs.len() != row.runs.len() || row.runs.is_empty() {
+        return None;
+    }
+    let ratios: Vec<f64> = row
+        .runs
+        .iter()
+        .zip(&base.runs)
+        .map(|(a, b)| a.per_sec() / b.per_sec())
+        .collect();
+    Some(median(&ratios))
+}
+
 fn print_table(rows: &[Row], args: &Args) {
-    let raw = rows[4].rate();
-    let kazoo_rate = |mode: &str| {
+    let raw = &rows[4];
+    let kazoo_for = |mode: &str| {
         rows.iter()
             .find(|r| r.system == "kazoo Lock" && r.mode == mode && !r.runs.is_empty())
-            .map(Row::rate)
     };
     println!(
-        "\n{} runs of {} s each; figures are medians; spread is min..max of the runs.\n",
+        "\n{} rounds of {} s per row; figures are medians over rounds; spread is \
+         min..max; ratios are medians of per-round ratios.\n",
         args.runs, args.seconds
     );
     println!(
@@ -323,12 +340,13 @@ fn print_table(rows: &[Row], args: &Args) {
     println!("|---|---|---:|---|---:|---:|---:|---:|");
     for row in rows.iter().filter(|r| !r.runs.is_empty()) {
         let (lo, hi) = spread(&row.rates());
-        let vs_kazoo = match (row.system, kazoo_rate(&row.mode)) {
-            ("ZooKeeperLock (fair)", Some(k)) if k > 0.0 => format!("{:.2}", row.rate() / k),
-            _ => "".into(),
+        let fmt = |r: Option<f64>| r.map(|r| format!("{r:.2}")).unwrap_or_default();
+        let vs_kazoo = match (row.system, kazoo_for(&row.mode)) {
+            ("ZooKeeperLock (fair)", Some(k)) => fmt(paired_ratio(row, k)),
+            _ => String::new(),
         };
         println!(
-            "| {} | {} | {:.0} | {:.0}..{:.0} | {} | {} | {:.2} | {} |",
+            "| {} | {} | {:.0} | {:.0}..{:.0} | {} | {} | {} | {} |",
             row.system,
             row.mode,
             row.rate(),
@@ -336,7 +354,7 @@ fn print_table(rows: &[Row], args: &Args) {
             hi,
             ms(row.p(0.50)),
             ms(row.p(0.99)),
-            row.rate() / raw,
+            fmt(paired_ratio(row, raw)),
             vs_kazoo
         );
     }

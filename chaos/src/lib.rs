@@ -281,6 +281,9 @@ pub fn violations(rows: &[Row]) -> Vec<String> {
                 ));
             }
         }
+        if r.notes.iter().any(|n| n.starts_with("EXPECTED")) {
+            out.push(format!("{id}: {}", r.notes.join("; ")));
+        }
         if !r.fencing && r.scenario == Scenario::GcPauseWriting.name() && r.lost_updates == 0 {
             out.push(format!(
                 "{id}: expected at least one lost update with the fence off"

@@ -183,18 +183,27 @@ pub fn double_holders(events: &[Event], ends_at: &HashMap<String, i64>) -> u64 {
     let mut open: HashMap<String, i64> = HashMap::new();
     let mut last_seen: HashMap<String, i64> = HashMap::new();
     for e in events {
-        last_seen.insert(e.client.clone(), e.ts());
         match e.kind() {
             "acquired" => {
                 open.insert(e.client.clone(), e.ts());
             }
-            "released" | "lost" => {
+            // `released` is emitted once the release call returned, which can be
+            // after the next holder was already told the lock is free; the worker
+            // stopped acting under the lock at its previous step (its write).
+            "released" => {
+                if let Some(start) = open.remove(&e.client) {
+                    let end = last_seen.get(&e.client).copied().unwrap_or(e.ts());
+                    intervals.push((e.client.clone(), start, end.max(start)));
+                }
+            }
+            "lost" => {
                 if let Some(start) = open.remove(&e.client) {
                     intervals.push((e.client.clone(), start, e.ts()));
                 }
             }
             _ => {}
         }
+        last_seen.insert(e.client.clone(), e.ts());
     }
     for (client, start) in open {
         let end = ends_at
@@ -316,12 +325,26 @@ mod tests {
         let events = vec![
             ev("a", json!({"event": "acquired", "ts": 0})),
             ev("b", json!({"event": "acquired", "ts": 10})),
+            ev("b", json!({"event": "wrote", "ts": 15})),
             ev("b", json!({"event": "released", "ts": 20})),
+            ev("a", json!({"event": "wrote", "ts": 25})),
             ev("a", json!({"event": "released", "ts": 30})),
             ev("b", json!({"event": "acquired", "ts": 40})),
+            ev("b", json!({"event": "wrote", "ts": 45})),
             ev("b", json!({"event": "released", "ts": 50})),
         ];
         assert_eq!(double_holders(&events, &HashMap::new()), 1);
+    }
+
+    #[test]
+    fn a_release_reported_after_the_next_grant_is_not_a_double_hold() {
+        let events = vec![
+            ev("a", json!({"event": "acquired", "ts": 0})),
+            ev("a", json!({"event": "wrote", "edit": 1, "ts": 10})),
+            ev("b", json!({"event": "acquired", "ts": 11})),
+            ev("a", json!({"event": "released", "ts": 12})),
+        ];
+        assert_eq!(double_holders(&events, &HashMap::new()), 0);
     }
 
     #[test]

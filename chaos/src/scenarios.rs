@@ -385,15 +385,32 @@ pub async fn postgres_restart(
     pg.kill();
     // Longer than the other outages, so that requests surely land in it.
     let outage = ctx.timing.outage + Duration::from_secs(1);
+    let killed = tokio::time::Instant::now();
+    // PostgreSQL backends are their own process groups (setsid), so a backend
+    // can outlive the killed postmaster for a moment: probe until the gateway
+    // notices, within the outage.
     let url = format!("{}/pages/{}", ctx.gateway.url(), ctx.page);
-    let status = reqwest::Client::new()
-        .get(&url)
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await
-        .map(|r| r.status().as_u16().to_string())
-        .unwrap_or_else(|e| format!("no answer ({e})"));
-    tokio::time::sleep(outage).await;
+    let http = reqwest::Client::new();
+    let mut seen = vec![];
+    let mut status = String::new();
+    while killed.elapsed() < outage {
+        status = http
+            .get(&url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .map(|r| r.status().as_u16().to_string())
+            .unwrap_or_else(|e| format!("no answer ({e})"));
+        if seen.last() != Some(&status) {
+            seen.push(status.clone());
+        }
+        if status == "503" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let noticed = killed.elapsed();
+    tokio::time::sleep(outage.saturating_sub(noticed)).await;
     pg.start_again().await;
     ctx.wait_all_exit().await?;
     let events = ctx.log.all();
@@ -404,9 +421,11 @@ pub async fn postgres_restart(
         .filter_map(|e| e.u64("errors"))
         .sum();
     row.note(format!(
-        "gateway answered {status} while Postgres was down {:?}, then recovered; \
+        "gateway answered {} while Postgres was down {:?} (503 after {} ms), then recovered; \
          workers saw {failed} failed request(s), {gave_up} edit(s) ended in error (never acknowledged)",
-        outage
+        seen.join(" then "),
+        outage,
+        noticed.as_millis()
     ));
     if status != "503" {
         row.note("EXPECTED 503 during the outage");

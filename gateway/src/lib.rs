@@ -51,6 +51,9 @@ use tokio::task::JoinHandle;
 pub use error::ApiError;
 pub use metrics::Metrics;
 
+/// Default for `--db-pool-size` and [`spawn`].
+pub const DEFAULT_POOL_SIZE: u32 = 10;
+
 /// Whether stale tokens are refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fencing {
@@ -77,8 +80,9 @@ pub struct Config {
     /// `enforce` refuses stale tokens; `off` accepts them and marks them stale in the history.
     #[arg(long, env = "GATEWAY_FENCING", value_enum, default_value = "enforce")]
     pub fencing: Fencing,
-    /// Maximum PostgreSQL connections in the pool.
-    #[arg(long, env = "GATEWAY_DB_POOL_SIZE", default_value_t = 32)]
+    /// Maximum PostgreSQL connections (a few per core is where PostgreSQL
+    /// is fastest; HTTP connections are multiplexed onto them).
+    #[arg(long, env = "GATEWAY_DB_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
     pub db_pool_size: u32,
 }
 
@@ -209,7 +213,7 @@ impl Drop for RunningGateway {
 /// Connect, migrate, bind 127.0.0.1:0 and serve in a task: a whole gateway
 /// for tests and benchmarks.
 pub async fn spawn(database_url: &str, fencing: Fencing) -> anyhow::Result<RunningGateway> {
-    spawn_with(database_url, fencing, 16).await
+    spawn_with(database_url, fencing, DEFAULT_POOL_SIZE).await
 }
 
 /// [`spawn`] with a chosen pool size.

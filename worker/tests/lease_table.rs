@@ -140,6 +140,22 @@ async fn postgres_tokens_keep_increasing_across_a_database_crash() {
 }
 
 #[tokio::test]
+async fn mysql_tokens_keep_increasing_across_a_database_crash() {
+    let mut maria = harness::MariaDb::start().await;
+    let url = maria.create_database().await;
+    let svc = LeaseTable::mysql(&url).await.unwrap();
+    let before = contract::tokens_strictly_increase(&svc, "page", 3).await;
+    maria.kill();
+    maria.start_again().await;
+    let after = svc
+        .acquire("page", Duration::from_secs(5), Duration::from_secs(10))
+        .await
+        .expect("acquire after restart");
+    assert!(after.token().unwrap() > before);
+    after.release().await.unwrap();
+}
+
+#[tokio::test]
 async fn lost_signal_fires_when_postgres_is_killed_during_hold() {
     let mut pg = Postgres::start().await;
     let svc = LeaseTable::postgres(&pg.create_database().await)

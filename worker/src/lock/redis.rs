@@ -61,6 +61,14 @@ use super::{
 /// The issuer name sent with every token.
 pub const ISSUER: &str = "redis";
 
+/// What to tell an operator when the storage refuses a fresh Redis grant as
+/// stale: the counter most likely went backwards. For the worker's error.
+pub const STALE_GRANT_HINT: &str =
+    "the storage has seen a higher token for this lock than Redis just \
+granted: Redis most likely restarted without persistence and its fence counter went backwards. \
+Every new holder will be refused (safe, but stuck) until an operator raises `fence:{<lock>}` \
+above the storage's fence; see docs/OPERATIONS.md, \"The restart hazard\"";
+
 /// How long connecting (and the first PING) may take before we say unavailable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Backstop for any reply; each operation also has its own shorter deadline.

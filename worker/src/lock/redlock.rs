@@ -325,8 +325,10 @@ impl Cluster {
 struct Tally {
     yes: usize,
     no: usize,
-    /// Errors, and nodes that had not answered when the round stopped.
+    /// Errors, no connection, or no answer within the per-node timeout.
     failed: usize,
+    /// Not answered yet when the outcome was already decided.
+    pending: usize,
 }
 
 /// Send every request at once and count replies as they arrive, until
@@ -347,20 +349,25 @@ where
     let mut tally = Tally::default();
     let deadline = tokio::time::sleep(t);
     tokio::pin!(deadline);
-    while !decided(&tally) {
+    loop {
+        if decided(&tally) {
+            tally.pending = total - tally.yes - tally.no - tally.failed;
+            return tally;
+        }
         tokio::select! {
             biased;
             reply = pending.next() => match reply {
                 Some(Reply::Yes) => tally.yes += 1,
                 Some(Reply::No) => tally.no += 1,
                 Some(Reply::Failed) => tally.failed += 1,
-                None => break,
+                None => return tally,
             },
-            _ = &mut deadline => break,
+            _ = &mut deadline => {
+                tally.failed = total - tally.yes - tally.no;
+                return tally;
+            }
         }
     }
-    tally.failed = total - tally.yes - tally.no;
-    tally
 }
 
 /// Redlock over N independent Redis masters. Cheap to share behind an `Arc`.
@@ -507,11 +514,20 @@ impl Redlock {
         let requests = cluster.nodes.iter().map(|n| n.set_nx(&key, &owner, ttl_ms));
         let tally = gather(requests, t, |t| cluster.decided(t)).await;
         let elapsed = start.elapsed();
-        let Tally { yes, no, failed } = tally;
-        majority_answered.store(yes + no >= cluster.quorum(), Ordering::Relaxed);
+        let Tally {
+            yes,
+            no,
+            failed,
+            pending,
+        } = tally;
+        // Reachable: everyone but the nodes that failed.
+        majority_answered.store(
+            cluster.nodes.len() - failed >= cluster.quorum(),
+            Ordering::Relaxed,
+        );
 
         if yes >= cluster.quorum() && elapsed + drift < opts.ttl {
-            tracing::debug!(lock = %name, yes, no, failed, ?elapsed, "redlock granted");
+            tracing::debug!(lock = %name, yes, no, failed, pending, ?elapsed, "redlock granted");
             let grant = RedlockGrant {
                 cluster: cluster.clone(),
                 name: name.to_string(),
@@ -535,7 +551,7 @@ impl Redlock {
                 lost_trigger: None,
             })));
         }
-        tracing::debug!(lock = %name, yes, no, failed, ?elapsed, "redlock not granted, releasing");
+        tracing::debug!(lock = %name, yes, no, failed, pending, ?elapsed, "redlock not granted, releasing");
         // Including the nodes that failed: a timed-out SET may still land.
         cluster.release_all(&key, &owner, t).await;
         Ok(None)
@@ -610,7 +626,9 @@ impl Grant for RedlockGrant {
             for attempt in 1..=EXTEND_ATTEMPTS {
                 let start = if attempt == 1 { first } else { Instant::now() };
                 let requests = cluster.nodes.iter().map(|n| n.script(extend, &self.key, &args));
-                let Tally { yes, no, failed } = gather(requests, t, |t| cluster.decided(t)).await;
+                let Tally {
+                    yes, no, failed, ..
+                } = gather(requests, t, |t| cluster.decided(t)).await;
                 let elapsed = start.elapsed();
                 if yes >= cluster.quorum() && elapsed + drift < ttl {
                     // Valid until start + ttl − drift; counted from the first attempt.
