@@ -114,6 +114,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ];
     for round in 0..args.runs {
         eprintln!("run {}/{} ...", round + 1, args.runs);
+        // The limit right before our uncontended row: the pair is seconds apart.
+        rows[4]
+            .runs
+            .push(raw(&raw_client, secs, &format!("r{round}")).await?);
         rows[0]
             .runs
             .push(ours(&locks[..1], secs, &format!("u{round}")).await?);
@@ -128,9 +132,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .runs
                 .push(kazoo(py, &cs, n, secs, &format!("c{round}")).await?);
         }
-        rows[4]
-            .runs
-            .push(raw(&raw_client, secs, &format!("r{round}")).await?);
     }
     print_table(&rows, &args);
     if let Err(e) = python {

@@ -83,9 +83,10 @@ update locks set expires_at = now(), released = true
  where name = $1 and holder = $2 and token = $3
    and not released and expires_at > now()";
 
-/// MySQL/MariaDB grant of an existing row. `?` lock-delay µs ... see binds in
-/// the code. The token comes back through `last_insert_id(expr)`, which the
-/// server returns in the statement's OK packet, so the grant and the token
+/// MySQL/MariaDB grant of an existing row. Binds: holder, TTL in µs, name,
+/// lock-delay in µs. Granted when one row is affected. The token comes back
+/// through `last_insert_id(expr)`, which the server returns in the
+/// statement's OK packet, so the grant and the token
 /// read are the same statement.
 ///
 /// Atomic because an InnoDB `update` takes the row's exclusive lock and
@@ -137,6 +138,15 @@ pub struct LeaseTable {
     lock_delay: Duration,
 }
 
+impl std::fmt::Debug for LeaseTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseTable")
+            .field("issuer", &self.issuer_name())
+            .field("lock_delay", &self.lock_delay)
+            .finish()
+    }
+}
+
 impl LeaseTable {
     /// Connect to PostgreSQL at `url` and run the migrations in
     /// `migrations/postgres`. Fails fast: a malformed URL is `InvalidConfig`,
@@ -145,6 +155,10 @@ impl LeaseTable {
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(CONNECT_TIMEOUT)
+            // No ping before every statement (it doubles the round trips); a
+            // connection that died is found by its statement failing, dropped
+            // by the pool, and the statement retried (see `with_reconnect`).
+            .test_before_acquire(false)
             .connect(url)
             .await
             .map_err(|e| connect_error(ISSUER_POSTGRES, url, e))?;
@@ -164,6 +178,10 @@ impl LeaseTable {
         let pool = MySqlPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(CONNECT_TIMEOUT)
+            // No ping before every statement (it doubles the round trips); a
+            // connection that died is found by its statement failing, dropped
+            // by the pool, and the statement retried (see `with_reconnect`).
+            .test_before_acquire(false)
             .connect(url)
             .await
             .map_err(|e| connect_error(ISSUER_MYSQL, url, e))?;
@@ -191,8 +209,11 @@ impl LeaseTable {
         }
     }
 
-    fn err(&self, e: sqlx::Error) -> LockError {
-        db_error(self.issuer_name(), e)
+    /// The typed error, and whether the connection it happened on is dead.
+    fn err(&self, e: sqlx::Error) -> (LockError, bool) {
+        let dead = matches!(e, sqlx::Error::Io(_))
+            || matches!(&e, sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("57P")));
+        (db_error(self.issuer_name(), e), dead)
     }
 
     /// One grant attempt: the token if the row was free, `None` if held.
@@ -202,6 +223,15 @@ impl LeaseTable {
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<u64>, LockError> {
+        with_reconnect(|| self.grant_statement(name, holder, ttl)).await
+    }
+
+    async fn grant_statement(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<u64>, (LockError, bool)> {
         match &self.db {
             Db::Postgres(pool) => {
                 let token: Option<i64> = sqlx::query_scalar(PG_ACQUIRE)
@@ -316,6 +346,10 @@ impl LeaseGrant {
 
     /// Run renew (`Some(ttl)`) or release (`None`); true when our row matched.
     async fn update(&self, ttl: Option<Duration>) -> Result<bool, LockError> {
+        with_reconnect(|| self.update_statement(ttl)).await
+    }
+
+    async fn update_statement(&self, ttl: Option<Duration>) -> Result<bool, (LockError, bool)> {
         let rows = match (&self.table.db, ttl) {
             (Db::Postgres(pool), Some(ttl)) => sqlx::query(PG_RENEW)
                 .bind(&self.name)
@@ -383,6 +417,31 @@ impl Grant for LeaseGrant {
             }
         }
         .boxed()
+    }
+}
+
+/// Run `statement`, again (up to three tries) when it failed on a connection
+/// that turned out dead: the pool does not ping before handing one out, and
+/// after a database restart its idle connections are all dead. A failed
+/// connection is closed by the pool, so the next try gets another or a new one.
+/// Retrying is safe: a grant that did reach the database under the same holder
+/// id is seen as held (not granted twice) and lapses after its TTL; renew and
+/// release are idempotent.
+async fn with_reconnect<T, F, Fut>(mut statement: F) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, (LockError, bool)>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match statement().await {
+            Ok(v) => return Ok(v),
+            Err((e, dead_connection)) if dead_connection && tries < 3 => {
+                tracing::debug!("retrying on another connection: {e}");
+            }
+            Err((e, _)) => return Err(e),
+        }
     }
 }
 

@@ -124,6 +124,14 @@ pub struct RedisLock {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for RedisLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLock")
+            .field("server", &self.inner.client.get_connection_info().addr)
+            .finish()
+    }
+}
+
 struct Scripts {
     grant: Script,
     renew: Script,
