@@ -555,29 +555,38 @@ impl Grant for ZkGrant {
 
     fn release(&self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(async move {
-            self.released.store(true, Ordering::SeqCst);
             self.monitor.cancel();
             let mut retried = false;
-            loop {
+            let result = loop {
                 match self.client.delete(&self.path, None).await {
-                    Ok(()) => return Ok(()),
+                    Ok(()) => break Ok(()),
                     // After a connection loss the first delete may have gone through.
-                    Err(zk::Error::NoNode) if retried => return Ok(()),
+                    Err(zk::Error::NoNode) if retried => break Ok(()),
                     Err(zk::Error::NoNode) => {
-                        return Err(
+                        break Err(
                             self.not_held(format!("lock node {} was already gone", self.path))
                         )
                     }
                     Err(e @ (zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
-                        return Err(self.not_held(format!("zookeeper session ended: {e}")))
+                        break Err(self.not_held(format!("zookeeper session ended: {e}")))
                     }
                     Err(zk::Error::ConnectionLoss) if !retried => {
                         retried = true;
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
-                    Err(e) => return Err(zk_error(e)),
+                    Err(e) => break Err(zk_error(e)),
                 }
+            };
+            // Only a release that is known to have taken effect (or found the
+            // node already gone) counts. Otherwise the node may still exist in
+            // a session that lives on (a server restart shorter than the
+            // session timeout), and this client would queue behind its own
+            // node forever: leave `released` unset so that Drop hands the node
+            // to the background cleanup, which retries until it is gone.
+            if matches!(result, Ok(()) | Err(LockError::NotHeld { .. })) {
+                self.released.store(true, Ordering::SeqCst);
             }
+            result
         })
     }
 }
@@ -706,7 +715,7 @@ async fn clean(client: &zk::Client, pending: Pending) {
         },
     };
     if let Some(path) = path {
-        match retry(|| client.delete(&path, None)).await {
+        match retry_while_session_lives(client, || client.delete(&path, None)).await {
             Ok(()) | Err(zk::Error::NoNode) => {
                 tracing::debug!(%path, "abandoned lock node deleted")
             }
@@ -779,6 +788,33 @@ where
             Err(zk::Error::ConnectionLoss) if tries < CONNECTION_LOSS_RETRIES => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Retry `op` through connection losses for as long as the session can still
+/// be alive (bounded at two minutes): an abandoned node must not outlive a
+/// server restart shorter than the session timeout. Once the session has
+/// ended, the ephemeral node is gone anyway.
+async fn retry_while_session_lives<T, F, Fut>(
+    client: &zk::Client,
+    mut op: F,
+) -> Result<T, zk::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, zk::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match op().await {
+            Err(zk::Error::ConnectionLoss)
+                if Instant::now() < deadline && !client.state().is_terminated() =>
+            {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
             }
             result => return result,
         }
