@@ -354,7 +354,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         bar.inc(1);
-        bar.println(render::backend_line(&report));
+        // A hidden bar (stderr not a terminal, as in CI) prints nothing.
+        if bar.is_hidden() {
+            eprintln!("{}", render::backend_line(&report));
+        } else {
+            bar.println(render::backend_line(&report));
+        }
         reports.push(report);
     }
 

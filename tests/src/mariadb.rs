@@ -121,7 +121,10 @@ async fn create_database_at(admin_url: &str, _port: u16) -> String {
         .await
         .expect("create database");
     let _ = conn.close().await;
-    let base = admin_url.rsplit_once('/').map(|(b, _)| b).unwrap_or(admin_url);
+    let base = admin_url
+        .rsplit_once('/')
+        .map(|(b, _)| b)
+        .unwrap_or(admin_url);
     format!("{base}/{name}")
 }
 

@@ -32,7 +32,14 @@ impl Postgres {
 
         let initdb = find_binary("initdb", PG_BIN);
         let out = tokio::process::Command::new(&initdb)
-            .args(["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postgres"])
+            .args([
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+            ])
             .args(["--no-sync", "-E", "UTF8", "--locale", "C"])
             .uid(uid)
             .gid(gid)
@@ -108,8 +115,7 @@ impl Postgres {
 
     /// Clean stop (SIGTERM is PostgreSQL's "smart" shutdown; SIGINT would be "fast").
     pub async fn stop(&mut self) {
-        self.process
-            .signal(nix::sys::signal::Signal::SIGINT);
+        self.process.signal(nix::sys::signal::Signal::SIGINT);
         self.process.stop(Duration::from_secs(10)).await;
     }
 
@@ -218,6 +224,9 @@ mod tests {
             replace_database("postgres://u@h:1/postgres?sslmode=disable", "x"),
             "postgres://u@h:1/x?sslmode=disable"
         );
-        assert_eq!(replace_database("postgres://u@h:1", "x"), "postgres://u@h:1/x");
+        assert_eq!(
+            replace_database("postgres://u@h:1", "x"),
+            "postgres://u@h:1/x"
+        );
     }
 }

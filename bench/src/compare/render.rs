@@ -295,6 +295,16 @@ pub fn verdict(r: &ChaosRow) -> String {
     }
 }
 
+/// A verdict cut to fit the matrix (the row table below it has it whole).
+fn short(verdict: &str) -> String {
+    let head = verdict.split("; stderr tail").next().unwrap_or(verdict);
+    if head.chars().count() > 140 {
+        format!("{}…", head.chars().take(140).collect::<String>())
+    } else {
+        head.to_string()
+    }
+}
+
 fn chaos_tables(report: &Report, out: &mut String) {
     let (source, rows) = match &report.chaos {
         ChaosResult::NotMeasured(reason) => {
@@ -326,7 +336,7 @@ fn chaos_tables(report: &Report, out: &mut String) {
             .map(|s| {
                 rows.iter()
                     .find(|r| r.backend == name && r.scenario == *s && r.fencing == fence)
-                    .map(verdict)
+                    .map(|r| short(&verdict(r)))
                     .unwrap_or_else(|| "—".into())
             })
             .collect();
@@ -540,14 +550,18 @@ pub fn svg(report: &Report, path: &Path) -> anyhow::Result<()> {
         .iter()
         .flat_map(|b| series.iter().filter_map(|s| (s.2)(b).rate()))
         .fold(10.0f64, f64::max);
-    let top = 10f64.powf(max.log10().ceil() + 0.3);
+    // A decade and more of headroom, so that the legend sits above the bars.
+    let top = 10f64.powf(max.log10().ceil() + 1.2);
     let root = SVGBackend::new(path, (1000, 560)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("draw {}: {e}", path.display());
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let names: Vec<&str> = report.backends.iter().map(|b| label(b.backend)).collect();
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("Locks compared ({}; log scale)", report.date),
+            format!(
+                "Locks compared ({}; log scale; n/m = not measured)",
+                report.date
+            ),
             ("sans-serif", 20),
         )
         .margin(15)
@@ -599,11 +613,7 @@ pub fn svg(report: &Report, path: &Path) -> anyhow::Result<()> {
             .filter(|(_, b)| pick(b).rate().is_none())
             .map(|(i, _)| {
                 let x0 = i as f64 + 0.1 + k as f64 * width;
-                Text::new(
-                    "not measured".to_string(),
-                    (x0, 1.3),
-                    ("sans-serif", 10).into_font(),
-                )
+                Text::new("n/m".to_string(), (x0, 1.3), ("sans-serif", 10).into_font())
             })
             .collect();
         chart.draw_series(missing).map_err(|e| err(&e))?;
