@@ -40,6 +40,18 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
     })
 }
 
+/// Spawn `cmd` so that it dies with the test binary: it is forked by the
+/// harness's long-lived spawner thread with `PR_SET_PDEATHSIG` set to SIGKILL.
+pub fn spawn_tied_to_test(cmd: Command) -> std::io::Result<Child> {
+    let (tx, rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .expect("spawner lock")
+        .send((cmd, tx))
+        .expect("spawner thread alive");
+    rx.recv().expect("spawner replies")
+}
+
 #[allow(unsafe_code)]
 fn spawn_with_pdeathsig(cmd: &mut Command) -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
@@ -133,15 +145,7 @@ impl ServiceProcess {
         if self.is_running() {
             return Ok(());
         }
-        let cmd = self.recipe.command()?;
-        let (tx, rx) = mpsc::channel();
-        spawner()
-            .lock()
-            .expect("spawner lock")
-            .send((cmd, tx))
-            .expect("spawner thread alive");
-        let child = rx.recv().expect("spawner replies")?;
-        self.child = Some(child);
+        self.child = Some(spawn_tied_to_test(self.recipe.command()?)?);
         self.paused = false;
         Ok(())
     }
@@ -157,6 +161,14 @@ impl ServiceProcess {
     pub fn kill(&mut self) {
         if self.paused {
             self.signal(Signal::SIGCONT);
+        }
+        // Children that left the process group (PostgreSQL's backends call
+        // setsid) would outlive a group kill for a moment and keep answering:
+        // kill them first, so the crash is one instant for every client.
+        if let Some(pid) = self.pid() {
+            for child in children_of(pid) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(child as i32), Signal::SIGKILL);
+            }
         }
         self.signal(Signal::SIGKILL);
         if let Some(mut child) = self.child.take() {
@@ -195,6 +207,26 @@ impl Drop for ServiceProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Pids whose parent is `parent`, read from /proc.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                // The command name (field 2) may hold spaces; fields after its ')' are plain.
+                .and_then(|stat| {
+                    let rest = stat.rsplit_once(')')?.1.to_string();
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
 }
 
 /// A port that was free a moment ago on 127.0.0.1.

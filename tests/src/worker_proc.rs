@@ -10,8 +10,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc as std_mpsc;
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
@@ -44,42 +42,6 @@ pub fn worker_binary() -> PathBuf {
         bin.display()
     );
     bin
-}
-
-type SpawnRequest = (Command, std_mpsc::Sender<std::io::Result<Child>>);
-
-/// One long-lived thread forks every worker, so PDEATHSIG (sent when the
-/// forking *thread* exits) fires only when the test binary dies.
-fn spawner() -> &'static Mutex<std_mpsc::Sender<SpawnRequest>> {
-    static SPAWNER: OnceLock<Mutex<std_mpsc::Sender<SpawnRequest>>> = OnceLock::new();
-    SPAWNER.get_or_init(|| {
-        let (tx, rx) = std_mpsc::channel::<SpawnRequest>();
-        std::thread::Builder::new()
-            .name("worker-spawner".into())
-            .spawn(move || {
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(spawn_with_pdeathsig(&mut cmd));
-                }
-                loop {
-                    std::thread::park();
-                }
-            })
-            .expect("spawn worker-spawner thread");
-        Mutex::new(tx)
-    })
-}
-
-#[allow(unsafe_code)]
-fn spawn_with_pdeathsig(cmd: &mut Command) -> std::io::Result<Child> {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs between fork and exec and only calls prctl(2),
-    // which is async-signal-safe; it allocates nothing and takes no lock.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-        });
-    }
-    cmd.spawn()
 }
 
 /// A running worker process and the events it printed so far.
@@ -141,16 +103,7 @@ impl WorkerProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr_log.reopen().expect("reopen worker stderr log"));
-        let (tx, rx) = std_mpsc::channel();
-        spawner()
-            .lock()
-            .expect("spawner lock")
-            .send((cmd, tx))
-            .expect("spawner thread alive");
-        let mut child = rx
-            .recv()
-            .expect("spawner replies")
-            .expect("spawn the worker binary");
+        let mut child = crate::process::spawn_tied_to_test(cmd).expect("spawn the worker binary");
         let pid = child.id();
         let stdout = child.stdout.take().expect("piped stdout");
         let (events_tx, events) = mpsc::unbounded_channel();
