@@ -8,7 +8,11 @@ use tracing_subscriber::EnvFilter;
 
 use worker::config::Config;
 
-#[tokio::main]
+// One edit at a time: a single-threaded runtime fits, and it spares the lock
+// round trips the cross-thread wake-ups of the multi-threaded one (the Redis
+// backend measured 1.37x redis-benchmark's rate here against 0.86x on the
+// multi-threaded runtime; docs/BENCHMARKS.md, "Lock backends").
+#[tokio::main(flavor = "current_thread")]
 async fn main() {
     let config = Config::parse();
     tracing_subscriber::fmt()
