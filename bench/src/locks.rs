@@ -26,11 +26,12 @@ use anyhow::{bail, Context};
 use harness::{MariaDb, Postgres, Redis};
 use tokio::process::Command;
 use tokio::time::Instant;
-use worker::lock::lease_table::{LeaseTable, MYSQL_ACQUIRE, MYSQL_RELEASE, PG_ACQUIRE, PG_RELEASE};
+use worker::lock::lease_table::LeaseTable;
 use worker::lock::redis::{RedisLock, GRANT_SCRIPT, RELEASE_SCRIPT};
 use worker::lock::{AcquireOptions, LockService};
 
 use crate::stats::{median, ms, spread, Run};
+use crate::tools::{self, output};
 
 /// The pinned version of the Python peer.
 const PY_REDIS: &str = "redis==8.1.0";
@@ -234,14 +235,7 @@ async fn ours(
             let opts = AcquireOptions::new(Duration::from_secs(10))
                 .wait(Duration::from_secs(30))
                 .auto_renew(false);
-            let mut lat = Vec::new();
-            while Instant::now() < end {
-                let t0 = Instant::now();
-                let lease = svc.acquire_with(&lock, opts).await?;
-                lease.release().await?;
-                lat.push(t0.elapsed());
-            }
-            anyhow::Ok(lat)
+            acquire_release_until(&*svc, &lock, opts, end).await
         }));
     }
     let mut latencies = Vec::new();
@@ -255,24 +249,36 @@ async fn ours(
     })
 }
 
+/// Acquire+release `lock` on `svc` back to back until `end`: the latency of
+/// each pair (acquire including any wait, plus release).
+pub(crate) async fn acquire_release_until<S: LockService + ?Sized>(
+    svc: &S,
+    lock: &str,
+    opts: AcquireOptions,
+    end: Instant,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut lat = Vec::new();
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        let lease = svc.acquire_with(lock, opts).await?;
+        lease.release().await?;
+        lat.push(t0.elapsed());
+    }
+    Ok(lat)
+}
+
 /// redis-benchmark, one client, EVALSHA of the grant script then (separately)
 /// of the release script, each for `secs / 2` worth of requests.
 async fn redis_benchmark(port: u16, secs: Duration) -> anyhow::Result<Run> {
     let mut halves = Vec::new();
     for script in [GRANT_SCRIPT, RELEASE_SCRIPT] {
-        let sha = output(Command::new("redis-cli").args([
-            "-p",
-            &port.to_string(),
-            "SCRIPT",
-            "LOAD",
-            script,
-        ]))
-        .await?
-        .trim()
-        .to_string();
+        let sha = output(&mut tools::script_load_cmd(port, script))
+            .await?
+            .trim()
+            .to_string();
         // Probe the rate, then size -n so that the run lasts about secs / 2.
         let probe = redis_benchmark_once(port, &sha, 2_000).await?;
-        let n = ((probe.0 * secs.as_secs_f64() / 2.0) as u64).max(2_000);
+        let n = tools::redis_benchmark_n(probe.0, secs);
         halves.push(redis_benchmark_once(port, &sha, n).await?);
     }
     let (grant, release) = (halves[0], halves[1]);
@@ -296,104 +302,22 @@ async fn redis_benchmark_once(
     sha: &str,
     n: u64,
 ) -> anyhow::Result<(f64, Duration, Duration)> {
-    let out = output(Command::new("redis-benchmark").args([
-        "-p",
-        &port.to_string(),
-        "-c",
-        "1",
-        "-n",
-        &n.to_string(),
-        "-r",
-        "100000000",
-        "--csv",
-        "EVALSHA",
-        sha,
-        "2",
-        "lock:{bench-__rand_int__}",
-        "fence:{bench-__rand_int__}",
-        "bench-owner",
-        "10000",
-    ]))
-    .await?;
-    let line = out
-        .lines()
-        .nth(1)
-        .context("redis-benchmark printed no result")?;
-    let fields: Vec<&str> = line.split("\",\"").map(|f| f.trim_matches('"')).collect();
-    let num = |i: usize| -> anyhow::Result<f64> {
-        fields
-            .get(i)
-            .context("short redis-benchmark line")?
-            .parse::<f64>()
-            .with_context(|| format!("redis-benchmark field {i} in {line}"))
-    };
-    Ok((
-        num(1)?,
-        Duration::from_secs_f64(num(4)? / 1000.0),
-        Duration::from_secs_f64(num(6)? / 1000.0),
-    ))
+    let out = output(&mut tools::redis_benchmark_cmd(port, sha, n)).await?;
+    tools::parse_redis_benchmark(&out)
 }
 
 /// pgbench, one client, the same grant then release SQL (prepared), with
 /// per-transaction latencies from its log.
 async fn pgbench(url: &str, secs: Duration) -> anyhow::Result<Run> {
     let dir = tempfile_dir("pgbench")?;
-    let grant = PG_ACQUIRE
-        .replace("$1", "'pgbench'")
-        .replace("$2", "'pgbench-holder'")
-        .replace("$3", "10.0")
-        .replace("$4", "0.0");
-    let release = PG_RELEASE
-        .replace("$1", "'pgbench'")
-        .replace("$2", "'pgbench-holder'")
-        .replace("$3", ":token");
-    let script = format!("{} \\gset\n{};\n", one_line(&grant), one_line(&release));
     let script_path = dir.join("lock.sql");
-    std::fs::write(&script_path, script)?;
-    // url: postgres://postgres@127.0.0.1:PORT/DB
-    let (host_port, db) = url
-        .trim_start_matches("postgres://postgres@")
-        .split_once('/')
-        .context("postgres url")?;
-    let (host, port) = host_port.split_once(':').context("postgres url port")?;
+    std::fs::write(&script_path, tools::pgbench_script())?;
+    let t = secs.as_secs().to_string();
+    let mut cmd = tools::pgbench_cmd(&dir, &script_path, url, &t)?;
     let start = Instant::now();
-    output(
-        Command::new(harness::postgres::pgbench())
-            .current_dir(&dir)
-            .args(["-n", "-M", "prepared", "-c", "1", "-T"])
-            .arg(secs.as_secs().to_string())
-            .args([
-                "-h",
-                host,
-                "-p",
-                port,
-                "-U",
-                "postgres",
-                "-l",
-                "--log-prefix",
-            ])
-            .arg(dir.join("pgb"))
-            .arg("-f")
-            .arg(&script_path)
-            .arg(db),
-    )
-    .await?;
+    output(&mut cmd).await?;
     let elapsed = start.elapsed().min(secs);
-    let mut latencies = Vec::new();
-    for entry in std::fs::read_dir(&dir)? {
-        let path = entry?.path();
-        if path
-            .file_name()
-            .is_some_and(|f| f.to_string_lossy().starts_with("pgb"))
-        {
-            for line in std::fs::read_to_string(&path)?.lines() {
-                // client_id transaction_no time_us script_no time_epoch time_us
-                if let Some(us) = line.split_whitespace().nth(2) {
-                    latencies.push(Duration::from_micros(us.parse()?));
-                }
-            }
-        }
-    }
+    let latencies = tools::pgbench_latencies(&dir)?;
     let _ = std::fs::remove_dir_all(&dir);
     if latencies.is_empty() {
         bail!("pgbench logged no transactions");
@@ -409,37 +333,12 @@ async fn pgbench(url: &str, secs: Duration) -> anyhow::Result<Run> {
 /// reads the token with `last_insert_id()` on the same connection. Pairs/s.
 async fn mariadb_slap(port: u16, url: &str, secs: Duration) -> anyhow::Result<f64> {
     let db = url.rsplit('/').next().context("mysql url")?;
-    let grant = MYSQL_ACQUIRE
-        .replacen('?', "'slap-holder'", 1)
-        .replacen('?', "10000000", 1)
-        .replacen('?', "'limit'", 1)
-        .replacen('?', "0", 1);
-    let release = MYSQL_RELEASE
-        .replacen('?', "'limit'", 1)
-        .replacen('?', "'slap-holder'", 1)
-        .replacen('?', "last_insert_id()", 1);
-    let query = format!("{};{}", one_line(&grant), one_line(&release));
+    let query = tools::mariadb_slap_query();
     let slap = |pairs: u64| {
         let query = query.clone();
         async move {
-            let out = output(Command::new("mariadb-slap").args([
-                "--host=127.0.0.1",
-                &format!("--port={port}"),
-                "--user=root",
-                &format!("--create-schema={db}"),
-                "--concurrency=1",
-                "--iterations=1",
-                &format!("--number-of-queries={}", pairs * 2),
-                "--delimiter=;",
-                &format!("--query={query}"),
-            ]))
-            .await?;
-            let secs: f64 = out
-                .lines()
-                .find(|l| l.contains("Average number of seconds"))
-                .and_then(|l| l.split_whitespace().find_map(|w| w.parse().ok()))
-                .with_context(|| format!("mariadb-slap output: {out}"))?;
-            anyhow::Ok(pairs as f64 / secs)
+            let out = output(&mut tools::mariadb_slap_cmd(port, db, pairs, &query)).await?;
+            tools::parse_mariadb_slap(&out, pairs)
         }
     };
     let probe = slap(500).await?;
@@ -489,57 +388,12 @@ async fn python_lock(
             .arg(secs.as_secs_f64().to_string()),
     )
     .await?;
-    #[derive(serde::Deserialize)]
-    struct Out {
-        elapsed: f64,
-        lat: Vec<f64>,
-    }
-    let o: Out = serde_json::from_str(out.trim()).context("python peer output")?;
-    Ok(Run {
-        ops: o.lat.len() as u64,
-        elapsed: Duration::from_secs_f64(o.elapsed),
-        latencies: o.lat.into_iter().map(Duration::from_secs_f64).collect(),
-    })
+    tools::parse_python_peer(&out, "python peer output")
 }
 
 /// A venv under `target/` with the pinned `redis` package, created on first use.
 async fn python_venv() -> anyhow::Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let venv = target.join("lockbench-venv");
-    let python = venv.join("bin/python");
-    let has_redis = Command::new(&python)
-        .args(["-c", "import redis"])
-        .output()
-        .await
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !has_redis {
-        eprintln!("creating {} with {PY_REDIS} ...", venv.display());
-        output(Command::new("python3").arg("-m").arg("venv").arg(&venv)).await?;
-        output(Command::new(venv.join("bin/pip")).args(["install", "-q", PY_REDIS])).await?;
-    }
-    Ok(python)
-}
-
-async fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .await
-        .with_context(|| format!("spawn {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn one_line(sql: &str) -> String {
-    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+    tools::python_venv("lockbench-venv", "redis", PY_REDIS).await
 }
 
 fn tempfile_dir(what: &str) -> anyhow::Result<PathBuf> {

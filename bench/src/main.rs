@@ -8,6 +8,7 @@
 //! - `locks.rs`: Redis and lease-table backends beside redis-benchmark, pgbench and Python's redis Lock.
 //! - `zookeeper.rs`: the ZooKeeper lock beside kazoo and raw create/delete.
 //! - `redlock.rs`: Redlock N=3/5 beside the single instance and rslock.
+//! - `tools.rs`: redis-benchmark, pgbench, mariadb-slap and the Python venv peers, shared.
 //! - `compare.rs`: every backend side by side (speed, limits, peers, chaos) into docs/COMPARISON.md.
 
 mod compare;
@@ -15,6 +16,7 @@ mod gateway;
 mod locks;
 mod redlock;
 mod stats;
+mod tools;
 mod zookeeper;
 
 use clap::{Parser, Subcommand};

@@ -62,34 +62,7 @@ enum Contender {
 impl Contender {
     async fn once(&self, name: &str, ttl: Duration) -> anyhow::Result<()> {
         match self {
-            Contender::Limit(conns) => {
-                let ttl_ms = ttl.as_millis() as u64;
-                let set = join_all(conns.iter().map(|c| {
-                    let mut c = c.clone();
-                    async move {
-                        redis::cmd("SET")
-                            .arg(name)
-                            .arg("x")
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(ttl_ms)
-                            .query_async::<redis::Value>(&mut c)
-                            .await
-                    }
-                }))
-                .await;
-                for r in set {
-                    r?;
-                }
-                let del = join_all(conns.iter().map(|c| {
-                    let mut c = c.clone();
-                    async move { redis::cmd("DEL").arg(name).query_async::<i64>(&mut c).await }
-                }))
-                .await;
-                for r in del {
-                    r?;
-                }
-            }
+            Contender::Limit(conns) => set_del_all(conns, name, ttl).await?,
             Contender::Single(lock) => {
                 let lease = lock.acquire_with(name, opts(ttl)).await?;
                 lease.release().await?;
@@ -98,16 +71,60 @@ impl Contender {
                 let lease = lock.acquire_with(name, opts(ttl)).await?;
                 lease.release().await?;
             }
-            Contender::Rslock(manager) => {
-                let lock = manager
-                    .lock(name.as_bytes(), ttl)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("rslock: {e}"))?;
-                manager.unlock(&lock).await;
-            }
+            Contender::Rslock(manager) => rslock_once(manager, name, ttl).await?,
         }
         Ok(())
     }
+}
+
+/// The limit's round trips: `SET name x NX PX ttl` on every node at once, then
+/// `DEL name` on every node at once: Redlock's requests with no lock logic.
+pub(crate) async fn set_del_all(
+    conns: &[redis::aio::MultiplexedConnection],
+    name: &str,
+    ttl: Duration,
+) -> anyhow::Result<()> {
+    let ttl_ms = ttl.as_millis() as u64;
+    let set = join_all(conns.iter().map(|c| {
+        let mut c = c.clone();
+        async move {
+            redis::cmd("SET")
+                .arg(name)
+                .arg("x")
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async::<redis::Value>(&mut c)
+                .await
+        }
+    }))
+    .await;
+    for r in set {
+        r?;
+    }
+    let del = join_all(conns.iter().map(|c| {
+        let mut c = c.clone();
+        async move { redis::cmd("DEL").arg(name).query_async::<i64>(&mut c).await }
+    }))
+    .await;
+    for r in del {
+        r?;
+    }
+    Ok(())
+}
+
+/// rslock's `lock` of `name` for `ttl`, then `unlock`.
+pub(crate) async fn rslock_once(
+    manager: &rslock::LockManager,
+    name: &str,
+    ttl: Duration,
+) -> anyhow::Result<()> {
+    let lock = manager
+        .lock(name.as_bytes(), ttl)
+        .await
+        .map_err(|e| anyhow::anyhow!("rslock: {e}"))?;
+    manager.unlock(&lock).await;
+    Ok(())
 }
 
 /// Run `contender` for `slice` and add what it did to `run`.

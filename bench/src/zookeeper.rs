@@ -18,15 +18,17 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::anyhow;
 use harness::ZooKeeper;
 use tokio::process::Command;
 use tokio::time::Instant;
 use worker::lock::zookeeper::ZooKeeperLock;
-use worker::lock::{AcquireOptions, LockService};
+use worker::lock::AcquireOptions;
 use zookeeper_client as zk;
 
+use crate::locks;
 use crate::stats::{median, ms, spread, Run};
+use crate::tools::{self, output};
 
 /// The pinned version of the Python peer.
 const KAZOO: &str = "kazoo==2.11.0";
@@ -150,14 +152,7 @@ async fn ours(locks: &[ZooKeeperLock], secs: Duration, name: &str) -> anyhow::Re
         let name = format!("bench-{name}");
         joins.push(tokio::spawn(async move {
             let opts = AcquireOptions::new(SESSION).wait(Duration::from_secs(30));
-            let mut lat = Vec::new();
-            while Instant::now() < end {
-                let t0 = Instant::now();
-                let lease = lock.acquire_with(&name, opts).await?;
-                lease.release().await?;
-                lat.push(t0.elapsed());
-            }
-            anyhow::Ok(lat)
+            locks::acquire_release_until(&lock, &name, opts, end).await
         }));
     }
     let mut latencies = Vec::new();
@@ -188,18 +183,7 @@ async fn raw(client: &zk::Client, secs: Duration, name: &str) -> anyhow::Result<
     let mut latencies = Vec::new();
     while Instant::now() < end {
         let t0 = Instant::now();
-        let (_, seq) = client
-            .create(&prefix, b"", &mode)
-            .await
-            .map_err(|e| anyhow!("create: {e}"))?;
-        client
-            .list_children(&parent)
-            .await
-            .map_err(|e| anyhow!("getChildren: {e}"))?;
-        client
-            .delete(&format!("{prefix}{seq}"), None)
-            .await
-            .map_err(|e| anyhow!("delete: {e}"))?;
+        raw_once(client, &parent, &prefix, &mode, "").await?;
         latencies.push(t0.elapsed());
     }
     Ok(Run {
@@ -207,6 +191,30 @@ async fn raw(client: &zk::Client, secs: Duration, name: &str) -> anyhow::Result<
         elapsed: start.elapsed(),
         latencies,
     })
+}
+
+/// One raw round of the lock recipe's requests: create `prefix`N with `mode`,
+/// getChildren of `parent`, delete `prefix`N. `what` starts each error text.
+pub(crate) async fn raw_once(
+    client: &zk::Client,
+    parent: &str,
+    prefix: &str,
+    mode: &zk::CreateOptions<'_>,
+    what: &str,
+) -> anyhow::Result<()> {
+    let (_, seq) = client
+        .create(prefix, b"", mode)
+        .await
+        .map_err(|e| anyhow!("{what}create: {e}"))?;
+    client
+        .list_children(parent)
+        .await
+        .map_err(|e| anyhow!("{what}getChildren: {e}"))?;
+    client
+        .delete(&format!("{prefix}{seq}"), None)
+        .await
+        .map_err(|e| anyhow!("{what}delete: {e}"))?;
+    Ok(())
 }
 
 const PY_KAZOO: &str = r#"
@@ -259,53 +267,12 @@ async fn kazoo(
             .arg(name),
     )
     .await?;
-    #[derive(serde::Deserialize)]
-    struct Out {
-        elapsed: f64,
-        lat: Vec<f64>,
-    }
-    let o: Out = serde_json::from_str(out.trim()).context("kazoo peer output")?;
-    Ok(Run {
-        ops: o.lat.len() as u64,
-        elapsed: Duration::from_secs_f64(o.elapsed),
-        latencies: o.lat.into_iter().map(Duration::from_secs_f64).collect(),
-    })
+    tools::parse_python_peer(&out, "kazoo peer output")
 }
 
 /// A venv under `target/` with the pinned `kazoo`, created on first use.
 async fn kazoo_venv() -> anyhow::Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let venv = target.join("kazoo-venv");
-    let python = venv.join("bin/python");
-    let has_kazoo = Command::new(&python)
-        .args(["-c", "import kazoo"])
-        .output()
-        .await
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !has_kazoo {
-        eprintln!("creating {} with {KAZOO} ...", venv.display());
-        output(Command::new("python3").arg("-m").arg("venv").arg(&venv)).await?;
-        output(Command::new(venv.join("bin/pip")).args(["install", "-q", KAZOO])).await?;
-    }
-    Ok(python)
-}
-
-async fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .await
-        .with_context(|| format!("spawn {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    tools::python_venv("kazoo-venv", "kazoo", KAZOO).await
 }
 
 /// Median over rounds of `row`'s rate divided by `base`'s rate in the same

@@ -2,11 +2,10 @@
 //! against the real service started here; an error is returned, never a number
 //! made up.
 //!
-//! The limits and peers repeat the invocations of the per-backend benchmarks
-//! (`locks.rs`: redis-benchmark, pgbench, mariadb-slap, Python's redis Lock;
-//! `redlock.rs`: bare SET NX PX + DEL on every node, rslock; `zookeeper.rs`:
-//! raw create + getChildren + delete, kazoo's Lock), whose functions are
-//! private to their modules.
+//! The limits and peers run the same invocations as the per-backend benchmarks,
+//! through the functions they share: `tools.rs` (redis-benchmark, pgbench,
+//! mariadb-slap, the Python venv peers), `redlock.rs` (bare SET NX PX + DEL on
+//! every node, rslock) and `zookeeper.rs` (raw create + getChildren + delete).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -20,7 +19,7 @@ use futures::future::join_all;
 use harness::{MariaDb, Postgres, Redis, ZooKeeper};
 use tokio::process::Command;
 use tokio::time::Instant;
-use worker::lock::lease_table::{LeaseTable, MYSQL_ACQUIRE, MYSQL_RELEASE, PG_ACQUIRE, PG_RELEASE};
+use worker::lock::lease_table::LeaseTable;
 use worker::lock::redis::{RedisLock, GRANT_SCRIPT, RELEASE_SCRIPT};
 use worker::lock::redlock::Redlock;
 use worker::lock::zookeeper::ZooKeeperLock;
@@ -29,6 +28,7 @@ use zookeeper_client as zk;
 
 use super::{Commands, Figure, Settings};
 use crate::stats::Run;
+use crate::{locks, redlock, tools, zookeeper};
 
 /// Redlock's N in the comparison.
 pub const REDLOCK_N: usize = 5;
@@ -191,16 +191,7 @@ pub async fn ours(
     let tasks = clients.iter().map(|svc| {
         let svc = svc.clone();
         let lock = lock.to_string();
-        tokio::spawn(async move {
-            let mut lat = Vec::new();
-            while Instant::now() < end {
-                let t0 = Instant::now();
-                let lease = svc.acquire_with(&lock, opts()).await?;
-                lease.release().await?;
-                lat.push(t0.elapsed());
-            }
-            anyhow::Ok(lat)
-        })
+        tokio::spawn(async move { locks::acquire_release_until(&*svc, &lock, opts(), end).await })
     });
     let mut run = Run::default();
     for t in join_all(tasks).await {
@@ -328,18 +319,12 @@ async fn redis_benchmark(commands: &Commands, port: u16, secs: Duration) -> anyh
         ("GRANT_SCRIPT", GRANT_SCRIPT),
         ("RELEASE_SCRIPT", RELEASE_SCRIPT),
     ] {
-        let sha = output(Command::new("redis-cli").args([
-            "-p",
-            &port.to_string(),
-            "SCRIPT",
-            "LOAD",
-            script,
-        ]))
-        .await?
-        .trim()
-        .to_string();
+        let sha = output(&mut tools::script_load_cmd(port, script))
+            .await?
+            .trim()
+            .to_string();
         let probe = redis_benchmark_once(port, &sha, 2_000).await?;
-        let n = ((probe.0 * secs.as_secs_f64() / 2.0) as u64).max(2_000);
+        let n = tools::redis_benchmark_n(probe.0, secs);
         commands.record(format!(
             "redis-benchmark -p PORT -c 1 -n N -r 100000000 --csv EVALSHA <sha1 of {label}> 2 \
              lock:{{bench-__rand_int__}} fence:{{bench-__rand_int__}} bench-owner 10000 \
@@ -362,42 +347,8 @@ async fn redis_benchmark_once(
     sha: &str,
     n: u64,
 ) -> anyhow::Result<(f64, Duration, Duration)> {
-    let out = output(Command::new("redis-benchmark").args([
-        "-p",
-        &port.to_string(),
-        "-c",
-        "1",
-        "-n",
-        &n.to_string(),
-        "-r",
-        "100000000",
-        "--csv",
-        "EVALSHA",
-        sha,
-        "2",
-        "lock:{bench-__rand_int__}",
-        "fence:{bench-__rand_int__}",
-        "bench-owner",
-        "10000",
-    ]))
-    .await?;
-    let line = out
-        .lines()
-        .nth(1)
-        .context("redis-benchmark printed no result")?;
-    let fields: Vec<&str> = line.split("\",\"").map(|f| f.trim_matches('"')).collect();
-    let num = |i: usize| -> anyhow::Result<f64> {
-        fields
-            .get(i)
-            .context("short redis-benchmark line")?
-            .parse::<f64>()
-            .with_context(|| format!("redis-benchmark field {i} in {line}"))
-    };
-    Ok((
-        num(1)?,
-        Duration::from_secs_f64(num(4)? / 1000.0),
-        Duration::from_secs_f64(num(6)? / 1000.0),
-    ))
+    let out = output(&mut tools::redis_benchmark_cmd(port, sha, n)).await?;
+    tools::parse_redis_benchmark(&out)
 }
 
 /// One client: `SET name x NX PX ttl` on every node at once, then `DEL` on
@@ -419,41 +370,7 @@ async fn bare_redis_nodes(
     timed(secs, || {
         let conns = conns.clone();
         let name = name.clone();
-        async move {
-            let set = join_all(conns.iter().map(|c| {
-                let mut c = c.clone();
-                let name = name.clone();
-                async move {
-                    redis::cmd("SET")
-                        .arg(&name)
-                        .arg("x")
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(TTL.as_millis() as u64)
-                        .query_async::<redis::Value>(&mut c)
-                        .await
-                }
-            }))
-            .await;
-            for r in set {
-                r?;
-            }
-            let del = join_all(conns.iter().map(|c| {
-                let mut c = c.clone();
-                let name = name.clone();
-                async move {
-                    redis::cmd("DEL")
-                        .arg(&name)
-                        .query_async::<i64>(&mut c)
-                        .await
-                }
-            }))
-            .await;
-            for r in del {
-                r?;
-            }
-            anyhow::Ok(())
-        }
+        async move { redlock::set_del_all(&conns, &name, TTL).await }
     })
     .await
 }
@@ -479,19 +396,7 @@ async fn raw_zookeeper(connect: &str, secs: Duration, repeat: usize) -> anyhow::
         let (parent, prefix) = (parent.clone(), prefix.clone());
         async move {
             let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-            let (_, seq) = client
-                .create(&prefix, b"", &mode)
-                .await
-                .map_err(|e| anyhow!("zookeeper create: {e}"))?;
-            client
-                .list_children(&parent)
-                .await
-                .map_err(|e| anyhow!("zookeeper getChildren: {e}"))?;
-            client
-                .delete(&format!("{prefix}{seq}"), None)
-                .await
-                .map_err(|e| anyhow!("zookeeper delete: {e}"))?;
-            anyhow::Ok(())
+            zookeeper::raw_once(&client, &parent, &prefix, &mode, "zookeeper ").await
         }
     })
     .await
@@ -504,14 +409,7 @@ async fn rslock(urls: &[String], secs: Duration, repeat: usize) -> anyhow::Resul
     timed(secs, || {
         let manager = manager.clone();
         let name = name.clone();
-        async move {
-            let lock = manager
-                .lock(name.as_bytes(), TTL)
-                .await
-                .map_err(|e| anyhow!("rslock: {e}"))?;
-            manager.unlock(&lock).await;
-            anyhow::Ok(())
-        }
+        async move { redlock::rslock_once(&manager, &name, TTL).await }
     })
     .await
 }
@@ -539,66 +437,21 @@ where
 /// per-transaction latencies from its log.
 async fn pgbench(commands: &Commands, url: &str, secs: Duration) -> anyhow::Result<Figure> {
     let dir = tempfile::tempdir()?;
-    let grant = PG_ACQUIRE
-        .replace("$1", "'pgbench'")
-        .replace("$2", "'pgbench-holder'")
-        .replace("$3", "10.0")
-        .replace("$4", "0.0");
-    let release = PG_RELEASE
-        .replace("$1", "'pgbench'")
-        .replace("$2", "'pgbench-holder'")
-        .replace("$3", ":token");
-    let script = format!("{} \\gset\n{};\n", squash(&grant), squash(&release));
     let script_path = dir.path().join("lock.sql");
-    std::fs::write(&script_path, script)?;
-    // url: postgres://postgres@127.0.0.1:PORT/DB
-    let (host_port, db) = url
-        .trim_start_matches("postgres://postgres@")
-        .split_once('/')
-        .context("postgres url")?;
-    let (host, port) = host_port.split_once(':').context("postgres url port")?;
+    std::fs::write(&script_path, tools::pgbench_script())?;
     let t = secs.as_secs().max(1).to_string();
+    let mut cmd = tools::pgbench_cmd(dir.path(), &script_path, url, &t)?;
     commands.record(format!(
         "pgbench -n -M prepared -c 1 -T {t} -h 127.0.0.1 -p PORT -U postgres -l -f lock.sql DB \
          (lock.sql: PG_ACQUIRE \\gset, then PG_RELEASE with :token)"
     ));
     let start = Instant::now();
-    output(
-        Command::new(harness::postgres::pgbench())
-            .current_dir(dir.path())
-            .args(["-n", "-M", "prepared", "-c", "1", "-T", &t])
-            .args([
-                "-h",
-                host,
-                "-p",
-                port,
-                "-U",
-                "postgres",
-                "-l",
-                "--log-prefix",
-            ])
-            .arg(dir.path().join("pgb"))
-            .arg("-f")
-            .arg(&script_path)
-            .arg(db),
-    )
-    .await?;
+    output(&mut cmd).await?;
     let elapsed = start.elapsed().min(secs.max(Duration::from_secs(1)));
-    let mut run = Run::default();
-    for entry in std::fs::read_dir(dir.path())? {
-        let path = entry?.path();
-        if path
-            .file_name()
-            .is_some_and(|f| f.to_string_lossy().starts_with("pgb"))
-        {
-            for line in std::fs::read_to_string(&path)?.lines() {
-                // client_id transaction_no time_us script_no time_epoch time_us
-                if let Some(us) = line.split_whitespace().nth(2) {
-                    run.latencies.push(Duration::from_micros(us.parse()?));
-                }
-            }
-        }
-    }
+    let mut run = Run {
+        latencies: tools::pgbench_latencies(dir.path())?,
+        ..Run::default()
+    };
     if run.latencies.is_empty() {
         bail!("pgbench logged no transactions");
     }
@@ -623,16 +476,7 @@ async fn mariadb_slap(
         .release()
         .await?;
     let db = url.rsplit('/').next().context("mysql url")?;
-    let grant = MYSQL_ACQUIRE
-        .replacen('?', "'slap-holder'", 1)
-        .replacen('?', "10000000", 1)
-        .replacen('?', "'limit'", 1)
-        .replacen('?', "0", 1);
-    let release = MYSQL_RELEASE
-        .replacen('?', "'limit'", 1)
-        .replacen('?', "'slap-holder'", 1)
-        .replacen('?', "last_insert_id()", 1);
-    let query = format!("{};{}", squash(&grant), squash(&release));
+    let query = tools::mariadb_slap_query();
     commands.record(
         "mariadb-slap --host=127.0.0.1 --port=PORT --user=root --create-schema=DB --concurrency=1 \
          --iterations=1 --number-of-queries=2N --delimiter=';' --query='MYSQL_ACQUIRE;MYSQL_RELEASE' \
@@ -641,24 +485,8 @@ async fn mariadb_slap(
     let slap = |pairs: u64| {
         let query = query.clone();
         async move {
-            let out = output(Command::new("mariadb-slap").args([
-                "--host=127.0.0.1",
-                &format!("--port={port}"),
-                "--user=root",
-                &format!("--create-schema={db}"),
-                "--concurrency=1",
-                "--iterations=1",
-                &format!("--number-of-queries={}", pairs * 2),
-                "--delimiter=;",
-                &format!("--query={query}"),
-            ]))
-            .await?;
-            let secs: f64 = out
-                .lines()
-                .find(|l| l.contains("Average number of seconds"))
-                .and_then(|l| l.split_whitespace().find_map(|w| w.parse().ok()))
-                .with_context(|| format!("mariadb-slap output: {out}"))?;
-            anyhow::Ok(pairs as f64 / secs)
+            let out = output(&mut tools::mariadb_slap_cmd(port, db, pairs, &query)).await?;
+            tools::parse_mariadb_slap(&out, pairs)
         }
     };
     let probe = slap(500).await?;
@@ -735,33 +563,15 @@ async fn python_peer(
             .arg(secs.as_secs_f64().to_string()),
     )
     .await?;
-    #[derive(serde::Deserialize)]
-    struct Out {
-        elapsed: f64,
-        lat: Vec<f64>,
-    }
-    let o: Out = serde_json::from_str(out.trim()).context("python peer output")?;
-    let run = Run {
-        ops: o.lat.len() as u64,
-        elapsed: Duration::from_secs_f64(o.elapsed),
-        latencies: o.lat.into_iter().map(Duration::from_secs_f64).collect(),
-    };
+    let run = tools::parse_python_peer(&out, "python peer output")?;
     Ok(Figure::from(&run))
 }
 
 /// A venv under `target/compare-venv` with the pinned peers, created on first use.
 pub async fn python_venv(commands: &Commands) -> anyhow::Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let venv = target.join("compare-venv");
+    let venv = tools::venv_dir("compare-venv");
     let python = venv.join("bin/python");
-    let ready = Command::new(&python)
-        .args(["-c", "import redis, kazoo"])
-        .output()
-        .await
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+    let ready = tools::python_can(&python, "import redis, kazoo").await;
     commands.record(format!(
         "python3 -m venv target/compare-venv && target/compare-venv/bin/pip install {}",
         PY_PACKAGES.join(" ")
@@ -796,8 +606,4 @@ async fn output(cmd: &mut Command) -> anyhow::Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn squash(sql: &str) -> String {
-    sql.split_whitespace().collect::<Vec<_>>().join(" ")
 }

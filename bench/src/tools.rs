@@ -1,0 +1,255 @@
+//! The outside tools the benchmarks run beside the project's code (the limits
+//! redis-benchmark, pgbench and mariadb-slap; the Python venv peers), shared by
+//! the per-backend subcommands and `compare`. Each caller runs the commands
+//! built here with its own `output` and keeps its own sizing and records.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use tokio::process::Command;
+use worker::lock::lease_table::{MYSQL_ACQUIRE, MYSQL_RELEASE, PG_ACQUIRE, PG_RELEASE};
+
+use crate::stats::Run;
+
+/// Run `cmd`; its stdout, or an error with its stdout and stderr.
+pub(crate) async fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .await
+        .with_context(|| format!("spawn {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// SQL on one line (for tools that take a query as an argument or line).
+pub(crate) fn one_line(sql: &str) -> String {
+    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `redis-cli SCRIPT LOAD script`: prints the script's sha1.
+pub(crate) fn script_load_cmd(port: u16, script: &str) -> Command {
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(["-p", &port.to_string(), "SCRIPT", "LOAD", script]);
+    cmd
+}
+
+/// Requests for a redis-benchmark run of about `secs / 2` at the rate of a
+/// 2,000-request probe (and never fewer than 2,000).
+pub(crate) fn redis_benchmark_n(probe_rate: f64, secs: Duration) -> u64 {
+    ((probe_rate * secs.as_secs_f64() / 2.0) as u64).max(2_000)
+}
+
+/// redis-benchmark, one client, `n` requests of `EVALSHA sha` on random lock
+/// names (so every grant takes a free lock: SET and INCR), CSV output.
+pub(crate) fn redis_benchmark_cmd(port: u16, sha: &str, n: u64) -> Command {
+    let mut cmd = Command::new("redis-benchmark");
+    cmd.args([
+        "-p",
+        &port.to_string(),
+        "-c",
+        "1",
+        "-n",
+        &n.to_string(),
+        "-r",
+        "100000000",
+        "--csv",
+        "EVALSHA",
+        sha,
+        "2",
+        "lock:{bench-__rand_int__}",
+        "fence:{bench-__rand_int__}",
+        "bench-owner",
+        "10000",
+    ]);
+    cmd
+}
+
+/// (requests/s, p50, p99) from the CSV output of one redis-benchmark run.
+pub(crate) fn parse_redis_benchmark(out: &str) -> anyhow::Result<(f64, Duration, Duration)> {
+    let line = out
+        .lines()
+        .nth(1)
+        .context("redis-benchmark printed no result")?;
+    let fields: Vec<&str> = line.split("\",\"").map(|f| f.trim_matches('"')).collect();
+    let num = |i: usize| -> anyhow::Result<f64> {
+        fields
+            .get(i)
+            .context("short redis-benchmark line")?
+            .parse::<f64>()
+            .with_context(|| format!("redis-benchmark field {i} in {line}"))
+    };
+    Ok((
+        num(1)?,
+        Duration::from_secs_f64(num(4)? / 1000.0),
+        Duration::from_secs_f64(num(6)? / 1000.0),
+    ))
+}
+
+/// The pgbench script: the lease grant SQL (`\gset` keeps its token), then the
+/// release SQL with `:token`.
+pub(crate) fn pgbench_script() -> String {
+    let grant = PG_ACQUIRE
+        .replace("$1", "'pgbench'")
+        .replace("$2", "'pgbench-holder'")
+        .replace("$3", "10.0")
+        .replace("$4", "0.0");
+    let release = PG_RELEASE
+        .replace("$1", "'pgbench'")
+        .replace("$2", "'pgbench-holder'")
+        .replace("$3", ":token");
+    format!("{} \\gset\n{};\n", one_line(&grant), one_line(&release))
+}
+
+/// pgbench -M prepared, one client, for `t` seconds, running `script_path`
+/// against `url` (`postgres://postgres@127.0.0.1:PORT/DB`), logging each
+/// transaction to `dir/pgb*`.
+pub(crate) fn pgbench_cmd(
+    dir: &Path,
+    script_path: &Path,
+    url: &str,
+    t: &str,
+) -> anyhow::Result<Command> {
+    let (host_port, db) = url
+        .trim_start_matches("postgres://postgres@")
+        .split_once('/')
+        .context("postgres url")?;
+    let (host, port) = host_port.split_once(':').context("postgres url port")?;
+    let mut cmd = Command::new(harness::postgres::pgbench());
+    cmd.current_dir(dir)
+        .args(["-n", "-M", "prepared", "-c", "1", "-T", t])
+        .args([
+            "-h",
+            host,
+            "-p",
+            port,
+            "-U",
+            "postgres",
+            "-l",
+            "--log-prefix",
+        ])
+        .arg(dir.join("pgb"))
+        .arg("-f")
+        .arg(script_path)
+        .arg(db);
+    Ok(cmd)
+}
+
+/// The per-transaction latencies of the pgbench logs `dir/pgb*`.
+pub(crate) fn pgbench_latencies(dir: &Path) -> anyhow::Result<Vec<Duration>> {
+    let mut latencies = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .is_some_and(|f| f.to_string_lossy().starts_with("pgb"))
+        {
+            for line in std::fs::read_to_string(&path)?.lines() {
+                // client_id transaction_no time_us script_no time_epoch time_us
+                if let Some(us) = line.split_whitespace().nth(2) {
+                    latencies.push(Duration::from_micros(us.parse()?));
+                }
+            }
+        }
+    }
+    Ok(latencies)
+}
+
+/// The mariadb-slap query: the lease grant then release SQL on the existing
+/// row `limit`; the release reads the token with `last_insert_id()` on the
+/// same connection.
+pub(crate) fn mariadb_slap_query() -> String {
+    let grant = MYSQL_ACQUIRE
+        .replacen('?', "'slap-holder'", 1)
+        .replacen('?', "10000000", 1)
+        .replacen('?', "'limit'", 1)
+        .replacen('?', "0", 1);
+    let release = MYSQL_RELEASE
+        .replacen('?', "'limit'", 1)
+        .replacen('?', "'slap-holder'", 1)
+        .replacen('?', "last_insert_id()", 1);
+    format!("{};{}", one_line(&grant), one_line(&release))
+}
+
+/// mariadb-slap, one client, `pairs` runs of `query` against database `db`.
+pub(crate) fn mariadb_slap_cmd(port: u16, db: &str, pairs: u64, query: &str) -> Command {
+    let mut cmd = Command::new("mariadb-slap");
+    cmd.args([
+        "--host=127.0.0.1",
+        &format!("--port={port}"),
+        "--user=root",
+        &format!("--create-schema={db}"),
+        "--concurrency=1",
+        "--iterations=1",
+        &format!("--number-of-queries={}", pairs * 2),
+        "--delimiter=;",
+        &format!("--query={query}"),
+    ]);
+    cmd
+}
+
+/// Pairs per second from the output of a mariadb-slap run of `pairs` pairs.
+pub(crate) fn parse_mariadb_slap(out: &str, pairs: u64) -> anyhow::Result<f64> {
+    let secs: f64 = out
+        .lines()
+        .find(|l| l.contains("Average number of seconds"))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.parse().ok()))
+        .with_context(|| format!("mariadb-slap output: {out}"))?;
+    Ok(pairs as f64 / secs)
+}
+
+/// The run a Python peer printed: `{"elapsed": s, "lat": [s, ...]}`.
+pub(crate) fn parse_python_peer(out: &str, what: &'static str) -> anyhow::Result<Run> {
+    #[derive(serde::Deserialize)]
+    struct Out {
+        elapsed: f64,
+        lat: Vec<f64>,
+    }
+    let o: Out = serde_json::from_str(out.trim()).context(what)?;
+    Ok(Run {
+        ops: o.lat.len() as u64,
+        elapsed: Duration::from_secs_f64(o.elapsed),
+        latencies: o.lat.into_iter().map(Duration::from_secs_f64).collect(),
+    })
+}
+
+/// `target/NAME`: where the Python venvs live.
+pub(crate) fn venv_dir(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join(name)
+}
+
+/// Whether `python` runs `code` (e.g. `import redis`) successfully.
+pub(crate) async fn python_can(python: &Path, code: &str) -> bool {
+    Command::new(python)
+        .args(["-c", code])
+        .output()
+        .await
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// A venv `target/NAME` with the pinned `package` (which provides `module`),
+/// created on first use; its python.
+pub(crate) async fn python_venv(
+    name: &str,
+    module: &str,
+    package: &str,
+) -> anyhow::Result<PathBuf> {
+    let venv = venv_dir(name);
+    let python = venv.join("bin/python");
+    if !python_can(&python, &format!("import {module}")).await {
+        eprintln!("creating {} with {package} ...", venv.display());
+        output(Command::new("python3").arg("-m").arg("venv").arg(&venv)).await?;
+        output(Command::new(venv.join("bin/pip")).args(["install", "-q", package])).await?;
+    }
+    Ok(python)
+}
