@@ -47,6 +47,9 @@ use super::{
 pub const ISSUER_POSTGRES: &str = "lease-postgres";
 pub const ISSUER_MYSQL: &str = "lease-mysql";
 
+/// Connections per lease table's pool; also bounds the retries on dead ones.
+const MAX_CONNECTIONS: u32 = 16;
+
 /// How long connecting may take before the constructor says unavailable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -153,7 +156,7 @@ impl LeaseTable {
     /// an unreachable server `Unavailable` within a few seconds.
     pub async fn postgres(url: &str) -> Result<LeaseTable, LockError> {
         let pool = PgPoolOptions::new()
-            .max_connections(16)
+            .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(CONNECT_TIMEOUT)
             // No ping before every statement (it doubles the round trips); a
             // connection that died is found by its statement failing, dropped
@@ -176,7 +179,7 @@ impl LeaseTable {
     /// `migrations/mysql`. Same errors as [`LeaseTable::postgres`].
     pub async fn mysql(url: &str) -> Result<LeaseTable, LockError> {
         let pool = MySqlPoolOptions::new()
-            .max_connections(16)
+            .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(CONNECT_TIMEOUT)
             // No ping before every statement (it doubles the round trips); a
             // connection that died is found by its statement failing, dropped
@@ -420,9 +423,10 @@ impl Grant for LeaseGrant {
     }
 }
 
-/// Run `statement`, again (up to three tries) when it failed on a connection
-/// that turned out dead: the pool does not ping before handing one out, and
-/// after a database restart its idle connections are all dead. A failed
+/// Run `statement` again when it failed on a connection that turned out dead:
+/// the pool does not ping before handing one out, and after a database restart
+/// its idle connections are all dead, so up to one try per pooled connection
+/// plus a fresh one (three tries were not enough after a MariaDB restart). A failed
 /// connection is closed by the pool, so the next try gets another or a new one.
 /// Retrying is safe: a grant that did reach the database under the same holder
 /// id is seen as held (not granted twice) and lapses after its TTL; renew and
@@ -437,7 +441,7 @@ where
         tries += 1;
         match statement().await {
             Ok(v) => return Ok(v),
-            Err((e, dead_connection)) if dead_connection && tries < 3 => {
+            Err((e, dead_connection)) if dead_connection && tries <= MAX_CONNECTIONS => {
                 tracing::debug!("retrying on another connection: {e}");
             }
             Err((e, _)) => return Err(e),
