@@ -22,21 +22,7 @@ impl MariaDb {
             .tempdir()
             .expect("temp dir");
         let data = dir.path().join("data");
-        let install = find_binary("mariadb-install-db", &["/usr/bin", "/usr/sbin"]);
-        let out = tokio::process::Command::new(install)
-            .arg("--no-defaults")
-            .arg(format!("--datadir={}", data.display()))
-            .args(["--user=root", "--auth-root-authentication-method=normal"])
-            .args(["--skip-test-db", "--skip-name-resolve"])
-            .output()
-            .await
-            .expect("run mariadb-install-db");
-        assert!(
-            out.status.success(),
-            "mariadb-install-db failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        install_db(&data).await;
         let port = free_port();
         let recipe = Recipe {
             program: find_binary("mariadbd", &["/usr/sbin", "/usr/bin"]),
@@ -126,6 +112,35 @@ async fn create_database_at(admin_url: &str, _port: u16) -> String {
         .map(|(b, _)| b)
         .unwrap_or(admin_url);
     format!("{base}/{name}")
+}
+
+/// `mariadb-install-db` into `data`. Tried twice: once, under heavy load from
+/// a parallel test binary, it failed without a reproducible cause; the first
+/// failure's output is printed, and a second failure panics with its output.
+async fn install_db(data: &std::path::Path) {
+    let install = find_binary("mariadb-install-db", &["/usr/bin", "/usr/sbin"]);
+    let mut last = String::new();
+    for attempt in 1..=2 {
+        let _ = std::fs::remove_dir_all(data);
+        let out = tokio::process::Command::new(&install)
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .args(["--user=root", "--auth-root-authentication-method=normal"])
+            .args(["--skip-test-db", "--skip-name-resolve"])
+            .output()
+            .await
+            .expect("run mariadb-install-db");
+        if out.status.success() {
+            return;
+        }
+        last = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("mariadb-install-db failed (attempt {attempt}): {last}");
+    }
+    panic!("mariadb-install-db failed twice: {last}");
 }
 
 enum Shared {

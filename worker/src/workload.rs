@@ -32,6 +32,10 @@ use crate::config::{Config, ConfigError, StopAt};
 use crate::events::{Event, EventSink, Stage, Summary};
 use crate::lock::{Lease, LockError, LockService};
 
+/// How long an acquisition in flight at shutdown may still finish, so that a
+/// grant it obtained is released instead of left to expire.
+const STOP_GRACE: Duration = Duration::from_millis(500);
+
 /// Why the worker could not run at all.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -222,9 +226,25 @@ impl Workload {
     async fn acquire(&mut self) -> Result<Option<Lease>, RunError> {
         let mut backoff = Backoff::new();
         loop {
+            let mut acquiring =
+                self.locks
+                    .acquire(&self.lock_name, self.config.ttl, self.config.wait);
             let attempt = tokio::select! {
-                r = self.locks.acquire(&self.lock_name, self.config.ttl, self.config.wait) => r,
-                _ = self.stop.cancelled() => return Ok(None),
+                r = &mut acquiring => r,
+                _ = self.stop.cancelled() => {
+                    // The attempt in flight may already have been granted on
+                    // the service: let it finish for a moment so that the
+                    // grant is released now, not left to block others until
+                    // its TTL runs out.
+                    if let Ok(Ok(lease)) =
+                        tokio::time::timeout(STOP_GRACE, &mut acquiring).await
+                    {
+                        if let Err(e) = lease.release().await {
+                            tracing::warn!("release of a grant that arrived after shutdown: {e}");
+                        }
+                    }
+                    return Ok(None);
+                }
             };
             let e = match attempt {
                 Ok(lease) => {
