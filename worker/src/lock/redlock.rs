@@ -98,25 +98,10 @@ pub const UNFENCED_REASON: &str = "Redlock has no single counter: N independent 
 /// How many times an extension is tried before giving up.
 pub const EXTEND_ATTEMPTS: u32 = 3;
 
-/// `KEYS[1]` lock key, `ARGV[1]` owner, `ARGV[2]` TTL in ms. 1 when extended,
-/// 0 when the key is gone or belongs to someone else. Atomic: Redis runs a
-/// script without interleaving other commands, so the compare and the
-/// `PEXPIRE` see the same owner.
-pub const EXTEND_SCRIPT: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-";
-
-/// `KEYS[1]` lock key, `ARGV[1]` owner. 1 when deleted, 0 when the key is gone
-/// or belongs to someone else (a late release never frees the next holder).
-pub const RELEASE_SCRIPT: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-";
+/// The compare-owner scripts are the single-instance backend's: per node,
+/// Redlock extends and releases exactly as one Redis lock does. Atomic
+/// because Redis runs a script without interleaving other commands.
+pub use super::redis::{RELEASE_SCRIPT, RENEW_SCRIPT as EXTEND_SCRIPT};
 
 /// How long connecting to one node may take at [`Redlock::connect`].
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
