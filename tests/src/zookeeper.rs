@@ -113,11 +113,25 @@ pub fn java_args(main_class: &str, cfg: &std::path::Path) -> Vec<String> {
 
 /// Send a four-letter word (`ruok`, `srvr`, `stat`...) and return the answer.
 /// `ruok` succeeds only on `imok`.
+///
+/// Bounded at two seconds: a server that is still starting can accept the
+/// connection and then neither answer nor close it (seen once under load:
+/// the probe, and the test awaiting it, hung for good).
 pub async fn four_letter(port: u16, word: &str) -> std::io::Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(word.as_bytes()).await?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await?;
+    const LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+    let exchange = async {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(word.as_bytes()).await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok::<_, std::io::Error>(out)
+    };
+    let out = tokio::time::timeout(LIMIT, exchange).await.map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{word} on port {port}: no answer within {LIMIT:?}"),
+        )
+    })??;
     if word == "ruok" && out != "imok" {
         return Err(std::io::Error::other(format!("ruok answered {out:?}")));
     }

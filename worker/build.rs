@@ -1,5 +1,0 @@
-//! Rebuild when a migration changes: `sqlx::migrate!` embeds them.
-
-fn main() {
-    println!("cargo:rerun-if-changed=../migrations");
-}
