@@ -8,9 +8,9 @@
 //!   client; the pair's rate is `1 / (1/grant + 1/release)`, its latency the
 //!   sum of the two;
 //! - the limit for PostgreSQL: `pgbench -M prepared` running the same lease
-//!   SQL ([`PG_ACQUIRE`] then [`PG_RELEASE`]) against the same database;
+//!   SQL (`Statements::pg_acquire` then `pg_release`) against the same database;
 //! - the limit for MariaDB: `mariadb-slap` running the same SQL
-//!   ([`MYSQL_ACQUIRE`] then [`MYSQL_RELEASE`]; it reports no latencies);
+//!   (`mysql_acquire` then `mysql_release`; it reports no latencies);
 //! - the peer: the Python `redis` package's `Lock` (its defaults: 0.1 s sleep
 //!   between tries when waiting), installed into a venv under `target/`.
 //!
@@ -22,16 +22,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use fencelock::lease_table::LeaseTable;
+use fencelock::redis::RedisLock;
+use fencelock::{AcquireOptions, LockService};
 use harness::{MariaDb, Postgres, Redis};
-use tokio::process::Command;
 use tokio::time::Instant;
-use worker::lock::lease_table::LeaseTable;
-use worker::lock::redis::{RedisLock, GRANT_SCRIPT, RELEASE_SCRIPT};
-use worker::lock::{AcquireOptions, LockService};
 
 use crate::stats::{median, ms, spread, Run};
-use crate::tools::{self, output};
+use crate::tools;
 
 /// The pinned version of the Python peer.
 const PY_REDIS: &str = "redis==8.1.0";
@@ -201,11 +199,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         let pg_svc = services[1].1.clone();
         rows[2].push(ours(pg_svc.clone(), 1, secs, &u).await?);
-        rows[base + 1].push(pgbench(&pg_db, secs).await?);
+        rows[base + 1].push(tools::pgbench_lease(&pg_db, secs).await?);
         rows[3].push(ours(pg_svc, n, secs, &c).await?);
         let my_svc = services[2].1.clone();
         rows[4].push(ours(my_svc.clone(), 1, secs, &u).await?);
-        let slap = mariadb_slap(maria.port(), &my_db, secs).await?;
+        let slap = tools::mariadb_slap_pairs(maria.port(), &my_db, secs).await?;
         rows[base + 2].rates.push(slap);
         rows[5].push(ours(my_svc, n, secs, &c).await?);
     }
@@ -267,25 +265,10 @@ pub(crate) async fn acquire_release_until<S: LockService + ?Sized>(
     Ok(lat)
 }
 
-/// redis-benchmark, one client, EVALSHA of the grant script then (separately)
-/// of the release script, each for `secs / 2` worth of requests.
+/// [`tools::redis_benchmark_pair`] as a [`Run`]: one synthetic sample per
+/// quantile, so that the table's p50/p99 give the pair's sums.
 async fn redis_benchmark(port: u16, secs: Duration) -> anyhow::Result<Run> {
-    let mut halves = Vec::new();
-    for script in [GRANT_SCRIPT, RELEASE_SCRIPT] {
-        let sha = output(&mut tools::script_load_cmd(port, script))
-            .await?
-            .trim()
-            .to_string();
-        // Probe the rate, then size -n so that the run lasts about secs / 2.
-        let probe = redis_benchmark_once(port, &sha, 2_000).await?;
-        let n = tools::redis_benchmark_n(probe.0, secs);
-        halves.push(redis_benchmark_once(port, &sha, n).await?);
-    }
-    let (grant, release) = (halves[0], halves[1]);
-    let pair_rate = 1.0 / (1.0 / grant.0 + 1.0 / release.0);
-    // One synthetic sample per quantile so that Run's p50/p99 give the sums.
-    let p50 = grant.1 + release.1;
-    let p99 = grant.2 + release.2;
+    let (pair_rate, p50, p99) = tools::redis_benchmark_pair(port, secs).await?;
     let mut latencies = vec![p50; 98];
     latencies.extend([p99, p99]);
     Ok(Run {
@@ -293,56 +276,6 @@ async fn redis_benchmark(port: u16, secs: Duration) -> anyhow::Result<Run> {
         elapsed: Duration::from_secs(1000),
         latencies,
     })
-}
-
-/// (requests/s, p50, p99) of one redis-benchmark run of `EVALSHA sha` on
-/// random lock names (so every grant takes a free lock: SET and INCR).
-async fn redis_benchmark_once(
-    port: u16,
-    sha: &str,
-    n: u64,
-) -> anyhow::Result<(f64, Duration, Duration)> {
-    let out = output(&mut tools::redis_benchmark_cmd(port, sha, n)).await?;
-    tools::parse_redis_benchmark(&out)
-}
-
-/// pgbench, one client, the same grant then release SQL (prepared), with
-/// per-transaction latencies from its log.
-async fn pgbench(url: &str, secs: Duration) -> anyhow::Result<Run> {
-    let dir = tempfile_dir("pgbench")?;
-    let script_path = dir.join("lock.sql");
-    std::fs::write(&script_path, tools::pgbench_script())?;
-    let t = secs.as_secs().to_string();
-    let mut cmd = tools::pgbench_cmd(&dir, &script_path, url, &t)?;
-    let start = Instant::now();
-    output(&mut cmd).await?;
-    let elapsed = start.elapsed().min(secs);
-    let latencies = tools::pgbench_latencies(&dir)?;
-    let _ = std::fs::remove_dir_all(&dir);
-    if latencies.is_empty() {
-        bail!("pgbench logged no transactions");
-    }
-    Ok(Run {
-        ops: latencies.len() as u64,
-        elapsed,
-        latencies,
-    })
-}
-
-/// mariadb-slap, one client, the same grant then release SQL; the release
-/// reads the token with `last_insert_id()` on the same connection. Pairs/s.
-async fn mariadb_slap(port: u16, url: &str, secs: Duration) -> anyhow::Result<f64> {
-    let db = url.rsplit('/').next().context("mysql url")?;
-    let query = tools::mariadb_slap_query();
-    let slap = |pairs: u64| {
-        let query = query.clone();
-        async move {
-            let out = output(&mut tools::mariadb_slap_cmd(port, db, pairs, &query)).await?;
-            tools::parse_mariadb_slap(&out, pairs)
-        }
-    };
-    let probe = slap(500).await?;
-    slap(((probe * secs.as_secs_f64()) as u64).max(500)).await
 }
 
 const PY_LOCK: &str = r#"
@@ -379,27 +312,17 @@ async fn python_lock(
     clients: usize,
     secs: Duration,
 ) -> anyhow::Result<Run> {
-    let out = output(
-        Command::new(python)
-            .arg("-c")
-            .arg(PY_LOCK)
-            .arg(port.to_string())
-            .arg(clients.to_string())
-            .arg(secs.as_secs_f64().to_string()),
-    )
-    .await?;
-    tools::parse_python_peer(&out, "python peer output")
+    let args = [
+        port.to_string(),
+        clients.to_string(),
+        secs.as_secs_f64().to_string(),
+    ];
+    tools::python_peer(python, PY_LOCK, &args).await
 }
 
 /// A venv under `target/` with the pinned `redis` package, created on first use.
 async fn python_venv() -> anyhow::Result<PathBuf> {
-    tools::python_venv("lockbench-venv", "redis", PY_REDIS).await
-}
-
-fn tempfile_dir(what: &str) -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("bench-{what}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+    tools::python_venv("lockbench-venv", "redis", &[PY_REDIS]).await
 }
 
 fn print_table(rows: &[Row], args: &Args) {

@@ -1,20 +1,24 @@
 //! The outside tools the benchmarks run beside the project's code (the limits
-//! redis-benchmark, pgbench and mariadb-slap; the Python venv peers), shared by
-//! the per-backend subcommands and `compare`. Each caller runs the commands
-//! built here with its own `output` and keeps its own sizing and records.
+//! redis-benchmark, pgbench and mariadb-slap; the Python venv peers), and the
+//! loops that run them: one place, shared by the per-backend subcommands and
+//! `compare` (which only adds its record of the commands).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use fencelock::lease_table::{Statements, DEFAULT_TABLE};
+use fencelock::redis::{GRANT_SCRIPT, RELEASE_SCRIPT};
 use tokio::process::Command;
-use worker::lock::lease_table::{MYSQL_ACQUIRE, MYSQL_RELEASE, PG_ACQUIRE, PG_RELEASE};
+use tokio::time::Instant;
 
 use crate::stats::Run;
 
-/// Run `cmd`; its stdout, or an error with its stdout and stderr.
+/// Run `cmd` (killed if the caller gives up); its stdout, or an error with
+/// its stdout and stderr.
 pub(crate) async fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd
+        .kill_on_drop(true)
         .output()
         .await
         .with_context(|| format!("spawn {cmd:?}"))?;
@@ -95,12 +99,16 @@ pub(crate) fn parse_redis_benchmark(out: &str) -> anyhow::Result<(f64, Duration,
 /// The pgbench script: the lease grant SQL (`\gset` keeps its token), then the
 /// release SQL with `:token`.
 pub(crate) fn pgbench_script() -> String {
-    let grant = PG_ACQUIRE
+    let sql = Statements::for_table(DEFAULT_TABLE);
+    let grant = sql
+        .pg_acquire
         .replace("$1", "'pgbench'")
         .replace("$2", "'pgbench-holder'")
         .replace("$3", "10.0")
-        .replace("$4", "0.0");
-    let release = PG_RELEASE
+        .replace("$4", "0.0")
+        .replace("$5", "'pgbench-client'");
+    let release = sql
+        .pg_release
         .replace("$1", "'pgbench'")
         .replace("$2", "'pgbench-holder'")
         .replace("$3", ":token");
@@ -165,12 +173,16 @@ pub(crate) fn pgbench_latencies(dir: &Path) -> anyhow::Result<Vec<Duration>> {
 /// row `limit`; the release reads the token with `last_insert_id()` on the
 /// same connection.
 pub(crate) fn mariadb_slap_query() -> String {
-    let grant = MYSQL_ACQUIRE
+    let sql = Statements::for_table(DEFAULT_TABLE);
+    let grant = sql
+        .mysql_acquire
         .replacen('?', "'slap-holder'", 1)
+        .replacen('?', "'slap-client'", 1)
         .replacen('?', "10000000", 1)
         .replacen('?', "'limit'", 1)
         .replacen('?', "0", 1);
-    let release = MYSQL_RELEASE
+    let release = sql
+        .mysql_release
         .replacen('?', "'limit'", 1)
         .replacen('?', "'slap-holder'", 1)
         .replacen('?', "last_insert_id()", 1);
@@ -237,19 +249,139 @@ pub(crate) async fn python_can(python: &Path, code: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// A venv `target/NAME` with the pinned `package` (which provides `module`),
-/// created on first use; its python.
+/// A venv `target/NAME` with the pinned `packages` (which provide `modules`,
+/// e.g. `"redis, kazoo"`), created on first use; its python.
 pub(crate) async fn python_venv(
     name: &str,
-    module: &str,
-    package: &str,
+    modules: &str,
+    packages: &[&str],
 ) -> anyhow::Result<PathBuf> {
     let venv = venv_dir(name);
     let python = venv.join("bin/python");
-    if !python_can(&python, &format!("import {module}")).await {
-        eprintln!("creating {} with {package} ...", venv.display());
+    if !python_can(&python, &format!("import {modules}")).await {
+        eprintln!(
+            "creating {} with {} ...",
+            venv.display(),
+            packages.join(" ")
+        );
         output(Command::new("python3").arg("-m").arg("venv").arg(&venv)).await?;
-        output(Command::new(venv.join("bin/pip")).args(["install", "-q", package])).await?;
+        output(
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "-q"])
+                .args(packages),
+        )
+        .await?;
     }
     Ok(python)
+}
+
+/// The limit for the Redis lock: redis-benchmark, one client, `EVALSHA` of the
+/// grant script then (separately) of the release script, each for `secs / 2`
+/// worth of requests on random lock names (so every grant takes a free lock).
+/// The pair's rate is `1 / (1/grant + 1/release)`; its p50 and p99 are the
+/// sums of the two halves'.
+pub(crate) async fn redis_benchmark_pair(
+    port: u16,
+    secs: Duration,
+) -> anyhow::Result<(f64, Duration, Duration)> {
+    let mut halves = Vec::new();
+    for script in [GRANT_SCRIPT, RELEASE_SCRIPT] {
+        let sha = output(&mut script_load_cmd(port, script))
+            .await?
+            .trim()
+            .to_string();
+        // Probe the rate, then size -n so that the run lasts about secs / 2.
+        let probe = redis_benchmark_once(port, &sha, 2_000).await?;
+        let n = redis_benchmark_n(probe.0, secs);
+        halves.push(redis_benchmark_once(port, &sha, n).await?);
+    }
+    let (grant, release) = (halves[0], halves[1]);
+    Ok((
+        1.0 / (1.0 / grant.0 + 1.0 / release.0),
+        grant.1 + release.1,
+        grant.2 + release.2,
+    ))
+}
+
+/// The command line [`redis_benchmark_pair`] runs, for the reports.
+pub(crate) const REDIS_BENCHMARK_COMMAND: &str =
+    "redis-benchmark -p PORT -c 1 -n N -r 100000000 --csv EVALSHA <sha1 of GRANT_SCRIPT, then of \
+     RELEASE_SCRIPT> 2 lock:{bench-__rand_int__} fence:{bench-__rand_int__} ... \
+     (N sized from a 2,000-request probe to last half the time each)";
+
+/// (requests/s, p50, p99) of one redis-benchmark run of `n` requests.
+async fn redis_benchmark_once(
+    port: u16,
+    sha: &str,
+    n: u64,
+) -> anyhow::Result<(f64, Duration, Duration)> {
+    let out = output(&mut redis_benchmark_cmd(port, sha, n)).await?;
+    parse_redis_benchmark(&out)
+}
+
+/// The limit for the PostgreSQL lease table: pgbench, one client, the lease
+/// grant then release SQL (prepared) for `secs` (at least one second), with
+/// per-transaction latencies from its log.
+pub(crate) async fn pgbench_lease(url: &str, secs: Duration) -> anyhow::Result<Run> {
+    let dir = tempfile::tempdir()?;
+    let script_path = dir.path().join("lock.sql");
+    std::fs::write(&script_path, pgbench_script())?;
+    let secs = secs.max(Duration::from_secs(1));
+    let t = secs.as_secs().to_string();
+    let mut cmd = pgbench_cmd(dir.path(), &script_path, url, &t)?;
+    let start = Instant::now();
+    output(&mut cmd).await?;
+    let elapsed = start.elapsed().min(secs);
+    let latencies = pgbench_latencies(dir.path())?;
+    if latencies.is_empty() {
+        bail!("pgbench logged no transactions");
+    }
+    Ok(Run {
+        ops: latencies.len() as u64,
+        elapsed,
+        latencies,
+    })
+}
+
+/// The command line [`pgbench_lease`] runs, for the reports.
+pub(crate) const PGBENCH_COMMAND: &str =
+    "pgbench -n -M prepared -c 1 -T SECS -h 127.0.0.1 -p PORT -U postgres -l -f lock.sql DB \
+     (lock.sql: the lease grant \\gset, then the release with :token)";
+
+/// The limit for the MariaDB lease table: mariadb-slap, one client, the lease
+/// grant then release SQL on the existing row `limit`, sized from a 500-pair
+/// probe to last `secs`. Pairs per second (it reports no latencies).
+pub(crate) async fn mariadb_slap_pairs(
+    port: u16,
+    url: &str,
+    secs: Duration,
+) -> anyhow::Result<f64> {
+    let db = url.rsplit('/').next().context("mysql url")?;
+    let query = mariadb_slap_query();
+    let slap = |pairs: u64| {
+        let query = query.clone();
+        async move {
+            let out = output(&mut mariadb_slap_cmd(port, db, pairs, &query)).await?;
+            parse_mariadb_slap(&out, pairs)
+        }
+    };
+    let probe = slap(500).await?;
+    slap(((probe * secs.as_secs_f64()) as u64).max(500)).await
+}
+
+/// The command line [`mariadb_slap_pairs`] runs, for the reports.
+pub(crate) const MARIADB_SLAP_COMMAND: &str =
+    "mariadb-slap --host=127.0.0.1 --port=PORT --user=root --create-schema=DB --concurrency=1 \
+     --iterations=1 --number-of-queries=2N --delimiter=';' --query='<lease grant>;<release>' \
+     (N sized from a 500-pair probe)";
+
+/// Run a Python peer script (`python -c script args...`) that prints
+/// `{"elapsed": s, "lat": [s, ...]}`.
+pub(crate) async fn python_peer(
+    python: &Path,
+    script: &str,
+    args: &[String],
+) -> anyhow::Result<Run> {
+    let out = output(Command::new(python).arg("-c").arg(script).args(args)).await?;
+    parse_python_peer(&out, "python peer output")
 }

@@ -19,11 +19,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::anyhow;
+use fencelock::zookeeper::ZooKeeperLock;
+use fencelock::AcquireOptions;
 use harness::ZooKeeper;
 use tokio::process::Command;
 use tokio::time::Instant;
-use worker::lock::zookeeper::ZooKeeperLock;
-use worker::lock::AcquireOptions;
 use zookeeper_client as zk;
 
 use crate::locks;
@@ -272,7 +272,7 @@ async fn kazoo(
 
 /// A venv under `target/` with the pinned `kazoo`, created on first use.
 async fn kazoo_venv() -> anyhow::Result<PathBuf> {
-    tools::python_venv("kazoo-venv", "kazoo", KAZOO).await
+    tools::python_venv("kazoo-venv", "kazoo", &[KAZOO]).await
 }
 
 /// Median over rounds of `row`'s rate divided by `base`'s rate in the same

@@ -15,15 +15,14 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use chaos::Backend;
 use clap::Parser;
+use fencelock::lease_table::LeaseTable;
+use fencelock::redis::RedisLock;
+use fencelock::redlock::Redlock;
+use fencelock::zookeeper::ZooKeeperLock;
+use fencelock::{AcquireOptions, LockService};
 use futures::future::join_all;
 use harness::{MariaDb, Postgres, Redis, ZooKeeper};
-use tokio::process::Command;
 use tokio::time::Instant;
-use worker::lock::lease_table::LeaseTable;
-use worker::lock::redis::{RedisLock, GRANT_SCRIPT, RELEASE_SCRIPT};
-use worker::lock::redlock::Redlock;
-use worker::lock::zookeeper::ZooKeeperLock;
-use worker::lock::{AcquireOptions, LockService};
 use zookeeper_client as zk;
 
 use super::{Commands, Figure, Settings};
@@ -209,7 +208,7 @@ pub async fn ours(
 /// second; the note says what else happened.
 pub async fn e2e(services: &Services, page: &str, s: Settings) -> anyhow::Result<(Figure, String)> {
     let db = guarded("postgres for the gateway", harness::fresh_database()).await?;
-    let gw = gateway::spawn(&db, gateway::Fencing::Enforce).await?;
+    let gw = gateway::spawn(&db, gateway::FenceCheck::Enforce).await?;
     let start = Instant::now();
     let mut joins = vec![];
     for i in 0..s.workers {
@@ -310,45 +309,15 @@ pub async fn peer(ctx: &Ctx, services: &Services, repeat: usize) -> anyhow::Resu
     }
 }
 
-/// redis-benchmark, one client, EVALSHA of the grant script then (separately)
-/// of the release script, each for `secs / 2`. The pair's rate is
-/// `1 / (1/grant + 1/release)`, its p50/p99 the sums (as `locks.rs` does).
+/// The Redis limit ([`tools::redis_benchmark_pair`]).
 async fn redis_benchmark(commands: &Commands, port: u16, secs: Duration) -> anyhow::Result<Figure> {
-    let mut halves = vec![];
-    for (label, script) in [
-        ("GRANT_SCRIPT", GRANT_SCRIPT),
-        ("RELEASE_SCRIPT", RELEASE_SCRIPT),
-    ] {
-        let sha = output(&mut tools::script_load_cmd(port, script))
-            .await?
-            .trim()
-            .to_string();
-        let probe = redis_benchmark_once(port, &sha, 2_000).await?;
-        let n = tools::redis_benchmark_n(probe.0, secs);
-        commands.record(format!(
-            "redis-benchmark -p PORT -c 1 -n N -r 100000000 --csv EVALSHA <sha1 of {label}> 2 \
-             lock:{{bench-__rand_int__}} fence:{{bench-__rand_int__}} bench-owner 10000 \
-             (N sized to last {:.1} s)",
-            secs.as_secs_f64() / 2.0
-        ));
-        halves.push(redis_benchmark_once(port, &sha, n).await?);
-    }
-    let (g, r) = (halves[0], halves[1]);
+    commands.record(tools::REDIS_BENCHMARK_COMMAND);
+    let (rate, p50, p99) = tools::redis_benchmark_pair(port, secs).await?;
     Ok(Figure {
-        rate: 1.0 / (1.0 / g.0 + 1.0 / r.0),
-        p50: Some(g.1 + r.1),
-        p99: Some(g.2 + r.2),
+        rate,
+        p50: Some(p50),
+        p99: Some(p99),
     })
-}
-
-/// (requests/s, p50, p99) of one redis-benchmark run.
-async fn redis_benchmark_once(
-    port: u16,
-    sha: &str,
-    n: u64,
-) -> anyhow::Result<(f64, Duration, Duration)> {
-    let out = output(&mut tools::redis_benchmark_cmd(port, sha, n)).await?;
-    tools::parse_redis_benchmark(&out)
 }
 
 /// One client: `SET name x NX PX ttl` on every node at once, then `DEL` on
@@ -433,31 +402,10 @@ where
     Ok(Figure::from(&run))
 }
 
-/// pgbench, one client, the lease grant then release SQL (prepared), with
-/// per-transaction latencies from its log.
+/// The PostgreSQL lease-table limit ([`tools::pgbench_lease`]).
 async fn pgbench(commands: &Commands, url: &str, secs: Duration) -> anyhow::Result<Figure> {
-    let dir = tempfile::tempdir()?;
-    let script_path = dir.path().join("lock.sql");
-    std::fs::write(&script_path, tools::pgbench_script())?;
-    let t = secs.as_secs().max(1).to_string();
-    let mut cmd = tools::pgbench_cmd(dir.path(), &script_path, url, &t)?;
-    commands.record(format!(
-        "pgbench -n -M prepared -c 1 -T {t} -h 127.0.0.1 -p PORT -U postgres -l -f lock.sql DB \
-         (lock.sql: PG_ACQUIRE \\gset, then PG_RELEASE with :token)"
-    ));
-    let start = Instant::now();
-    output(&mut cmd).await?;
-    let elapsed = start.elapsed().min(secs.max(Duration::from_secs(1)));
-    let mut run = Run {
-        latencies: tools::pgbench_latencies(dir.path())?,
-        ..Run::default()
-    };
-    if run.latencies.is_empty() {
-        bail!("pgbench logged no transactions");
-    }
-    run.ops = run.latencies.len() as u64;
-    run.elapsed = elapsed;
-    Ok(Figure::from(&run))
+    commands.record(tools::PGBENCH_COMMAND);
+    Ok(Figure::from(&tools::pgbench_lease(url, secs).await?))
 }
 
 /// mariadb-slap, one client, the lease grant then release SQL on an existing
@@ -475,22 +423,8 @@ async fn mariadb_slap(
         .await?
         .release()
         .await?;
-    let db = url.rsplit('/').next().context("mysql url")?;
-    let query = tools::mariadb_slap_query();
-    commands.record(
-        "mariadb-slap --host=127.0.0.1 --port=PORT --user=root --create-schema=DB --concurrency=1 \
-         --iterations=1 --number-of-queries=2N --delimiter=';' --query='MYSQL_ACQUIRE;MYSQL_RELEASE' \
-         (N sized from a 500-pair probe)",
-    );
-    let slap = |pairs: u64| {
-        let query = query.clone();
-        async move {
-            let out = output(&mut tools::mariadb_slap_cmd(port, db, pairs, &query)).await?;
-            tools::parse_mariadb_slap(&out, pairs)
-        }
-    };
-    let probe = slap(500).await?;
-    let rate = slap(((probe * secs.as_secs_f64()) as u64).max(500)).await?;
+    commands.record(tools::MARIADB_SLAP_COMMAND);
+    let rate = tools::mariadb_slap_pairs(port, url, secs).await?;
     Ok(Figure {
         rate,
         p50: None,
@@ -555,55 +489,17 @@ async fn python_peer(
          ({which}, one thread)",
         secs.as_secs_f64()
     ));
-    let out = output(
-        Command::new(python)
-            .arg("-c")
-            .arg(script)
-            .arg(target)
-            .arg(secs.as_secs_f64().to_string()),
-    )
-    .await?;
-    let run = tools::parse_python_peer(&out, "python peer output")?;
+    let args = [target.to_string(), secs.as_secs_f64().to_string()];
+    let run = tools::python_peer(python, script, &args).await?;
     Ok(Figure::from(&run))
 }
 
 /// A venv under `target/compare-venv` with the pinned peers, created on first use.
 pub async fn python_venv(commands: &Commands) -> anyhow::Result<PathBuf> {
-    let venv = tools::venv_dir("compare-venv");
-    let python = venv.join("bin/python");
-    let ready = tools::python_can(&python, "import redis, kazoo").await;
     commands.record(format!(
         "python3 -m venv target/compare-venv && target/compare-venv/bin/pip install {}",
         PY_PACKAGES.join(" ")
     ));
-    if !ready {
-        output(Command::new("python3").arg("-m").arg("venv").arg(&venv)).await?;
-        output(
-            Command::new(venv.join("bin/pip"))
-                .args(["install", "-q"])
-                .args(PY_PACKAGES),
-        )
-        .await?;
-    }
+    let python = tools::python_venv("compare-venv", "redis, kazoo", &PY_PACKAGES).await?;
     Ok(python)
-}
-
-async fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .kill_on_drop(true)
-        .output()
-        .await
-        .with_context(|| format!("spawn {:?}", cmd.as_std().get_program()))?;
-    if !out.status.success() {
-        bail!(
-            "{:?} failed ({}): {}",
-            cmd.as_std().get_program(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
