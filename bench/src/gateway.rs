@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use gateway::Fencing;
+use gateway::FenceCheck;
 
 use crate::stats::{median, ms, spread, Run};
 
@@ -44,7 +44,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let pg = harness::Postgres::start().await;
     let url = pg.create_database().await;
     let db = url.rsplit('/').next().context("database name")?.to_owned();
-    let gw = gateway::spawn_with(&url, Fencing::Enforce, args.pool).await?;
+    let gw = gateway::spawn_with(&url, FenceCheck::Enforce, args.pool).await?;
     let base = gw.url();
     let body = "x".repeat(BODY_LEN);
     let dir = tempfile::tempdir()?;

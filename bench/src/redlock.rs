@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use fencelock::redis::RedisLock;
+use fencelock::redlock::Redlock;
+use fencelock::{AcquireOptions, LockService};
 use futures::future::join_all;
 use harness::Redis;
 use tokio::time::Instant;
-use worker::lock::redis::RedisLock;
-use worker::lock::redlock::Redlock;
-use worker::lock::{AcquireOptions, LockService};
 
 use crate::stats::{median, ms, spread, Run};
 

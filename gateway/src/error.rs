@@ -5,6 +5,7 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use fencelock::Token;
 use serde_json::{json, Map, Value};
 
 use crate::metrics::Outcome;
@@ -16,8 +17,8 @@ pub enum ApiError {
     /// 409 `stale_token`: the token is lower than the page's fence.
     #[error("fencing token {offered} is older than the page's fence {current}")]
     StaleToken {
-        offered: i64,
-        current: i64,
+        offered: Token,
+        current: Token,
         issuer: String,
     },
     /// 409 `issuer_mismatch`: the page is fenced by another lock service, whose

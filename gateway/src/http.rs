@@ -23,7 +23,8 @@ use tower_http::trace::TraceLayer;
 use crate::error::ApiError;
 use crate::metrics::{self, Outcome};
 use crate::store::{self, Access, Page, Verdict};
-use crate::{AppState, Fencing};
+use crate::{AppState, FenceCheck};
+use fencelock::Token;
 
 /// Largest accepted request body.
 pub const BODY_LIMIT: usize = 1024 * 1024;
@@ -128,7 +129,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T>
 /// The fencing headers of a request, validated.
 #[derive(Debug)]
 pub struct FencingHeaders {
-    pub token: Option<i64>,
+    pub token: Option<Token>,
     pub issuer: String,
     pub client_id: Option<String>,
     pub if_match: Option<i64>,
@@ -165,7 +166,7 @@ fn header<'h>(
 pub fn parse_headers(headers: &HeaderMap) -> Result<FencingHeaders, ApiError> {
     let token = match header(headers, "fencing-token", "invalid_fencing_token")? {
         None => None,
-        Some(s) => Some(parse_token(s).ok_or_else(|| {
+        Some(s) => Some(s.parse::<Token>().map_err(|_| {
             ApiError::bad_request(
                 "invalid_fencing_token",
                 format!(
@@ -221,11 +222,8 @@ pub fn parse_headers(headers: &HeaderMap) -> Result<FencingHeaders, ApiError> {
 }
 
 /// `0..=i64::MAX`, plain decimal digits (no sign, no spaces inside).
-fn parse_token(s: &str) -> Option<i64> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse::<i64>().ok()
+fn parse_version(s: &str) -> Option<i64> {
+    s.parse::<Token>().ok().map(Token::to_i64)
 }
 
 /// `"3"` (also `W/"3"` and a bare `3`) to a version.
@@ -235,7 +233,7 @@ fn parse_etag(s: &str) -> Option<i64> {
         .strip_prefix('"')
         .and_then(|s| s.strip_suffix('"'))
         .unwrap_or(s);
-    parse_token(s)
+    parse_version(s)
 }
 
 // ---- handlers ----
@@ -260,8 +258,8 @@ fn rejection(verdict: Verdict, access: &Access<'_>, row: &store::Row) -> Option<
     match verdict {
         Verdict::Accepted | Verdict::Stale => None,
         Verdict::StaleToken => Some(ApiError::StaleToken {
-            offered: access.token.unwrap_or_default(),
-            current: fence.as_ref().map_or(0, |f| f.token),
+            offered: access.token.unwrap_or(Token::MIN),
+            current: fence.as_ref().map_or(Token::MIN, |f| f.token),
             issuer: access.issuer.to_owned(),
         }),
         Verdict::IssuerMismatch => Some(ApiError::IssuerMismatch {
@@ -300,7 +298,7 @@ async fn get_page(
         token: Some(token),
         issuer: &h.issuer,
         if_match: None,
-        enforce: state.fencing == Fencing::Enforce,
+        enforce: state.fencing == FenceCheck::Enforce,
         client_id: h.client_id.as_deref(),
     };
     let (verdict, row) = store::fenced_access(&state.db, &access).await?;
@@ -327,7 +325,7 @@ async fn put_page(
             "body must not contain NUL characters",
         ));
     }
-    let enforce = state.fencing == Fencing::Enforce;
+    let enforce = state.fencing == FenceCheck::Enforce;
     if enforce && h.token.is_none() {
         return Err(ApiError::FencingTokenRequired);
     }
@@ -408,17 +406,6 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_are_plain_decimal_within_i64() {
-        assert_eq!(parse_token("0"), Some(0));
-        assert_eq!(parse_token("9223372036854775807"), Some(i64::MAX));
-        assert_eq!(parse_token("9223372036854775808"), None);
-        assert_eq!(parse_token("-1"), None);
-        assert_eq!(parse_token("+1"), None);
-        assert_eq!(parse_token("1e3"), None);
-        assert_eq!(parse_token(""), None);
-    }
 
     #[test]
     fn etags_are_quoted_versions() {

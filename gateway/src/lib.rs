@@ -54,9 +54,9 @@ pub use metrics::Metrics;
 /// Default for `--db-pool-size` and [`spawn`].
 pub const DEFAULT_POOL_SIZE: u32 = 10;
 
-/// Whether stale tokens are refused.
+/// Whether the gateway checks the fence (refuses stale tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Fencing {
+pub enum FenceCheck {
     /// Refuse stale tokens (409) and writes without a token (428).
     Enforce,
     /// Accept everything, but mark writes older than the fence `stale` in the
@@ -79,7 +79,7 @@ pub struct Config {
     pub listen: SocketAddr,
     /// `enforce` refuses stale tokens; `off` accepts them and marks them stale in the history.
     #[arg(long, env = "GATEWAY_FENCING", value_enum, default_value = "enforce")]
-    pub fencing: Fencing,
+    pub fencing: FenceCheck,
     /// Maximum PostgreSQL connections (a few per core is where PostgreSQL
     /// is fastest; HTTP connections are multiplexed onto them).
     #[arg(long, env = "GATEWAY_DB_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
@@ -93,14 +93,14 @@ pub struct AppState {
     pub db: db::Db,
     /// The sqlx pool it was made from (migrations, shutdown).
     pub pool: PgPool,
-    pub fencing: Fencing,
+    pub fencing: FenceCheck,
     pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
     /// Requests use their own connections (see [`db`]), with `pool`'s
     /// connect options and size.
-    pub fn new(pool: PgPool, fencing: Fencing) -> Self {
+    pub fn new(pool: PgPool, fencing: FenceCheck) -> Self {
         Self {
             db: db::Db::like(&pool),
             pool,
@@ -212,14 +212,14 @@ impl Drop for RunningGateway {
 
 /// Connect, migrate, bind 127.0.0.1:0 and serve in a task: a whole gateway
 /// for tests and benchmarks.
-pub async fn spawn(database_url: &str, fencing: Fencing) -> anyhow::Result<RunningGateway> {
+pub async fn spawn(database_url: &str, fencing: FenceCheck) -> anyhow::Result<RunningGateway> {
     spawn_with(database_url, fencing, DEFAULT_POOL_SIZE).await
 }
 
 /// [`spawn`] with a chosen pool size.
 pub async fn spawn_with(
     database_url: &str,
-    fencing: Fencing,
+    fencing: FenceCheck,
     pool_size: u32,
 ) -> anyhow::Result<RunningGateway> {
     let db = connect(database_url, pool_size).await?;

@@ -2,6 +2,7 @@
 //! safety argument is [`FENCED_ACCESS`] (read its header comment).
 
 use chrono::{DateTime, Utc};
+use fencelock::Token;
 use serde::Serialize;
 
 use crate::db::Db;
@@ -15,7 +16,7 @@ pub const FENCED_ACCESS: &str = include_str!("sql/fenced_access.sql");
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Fence {
     pub issuer: String,
-    pub token: i64,
+    pub token: Token,
 }
 
 /// A page as the API shows it.
@@ -59,7 +60,8 @@ type AccessRow = (
 );
 
 fn row((id, body, version, issuer, token): RawRow) -> Row {
-    let fence = match (issuer, token) {
+    // The column is a bigint the gateway only ever sets from a `Token`.
+    let fence = match (issuer, token.and_then(|t| Token::try_from(t).ok())) {
         (Some(issuer), Some(token)) => Some(Fence { issuer, token }),
         _ => None,
     };
@@ -77,7 +79,7 @@ pub struct Access<'a> {
     pub id: &'a str,
     /// `Some(body)` for a PUT, `None` for a fenced GET.
     pub write: Option<&'a str>,
-    pub token: Option<i64>,
+    pub token: Option<Token>,
     pub issuer: &'a str,
     pub if_match: Option<i64>,
     pub enforce: bool,
@@ -116,7 +118,7 @@ pub async fn fenced_access(db: &Db, a: &Access<'_>) -> Result<(Verdict, Row), sq
         .bind(a.id)
         .bind(if a.write.is_some() { "PUT" } else { "GET" })
         .bind(a.write)
-        .bind(a.token)
+        .bind(a.token.map(Token::to_i64))
         .bind(a.issuer)
         .bind(a.if_match)
         .bind(a.enforce)

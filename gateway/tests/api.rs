@@ -3,13 +3,13 @@
 mod common;
 
 use common::{gateway, Api};
-use gateway::Fencing;
+use gateway::FenceCheck;
 use rand::Rng;
 use serde_json::{json, Value};
 
 #[tokio::test]
 async fn put_creates_with_201_then_updates_with_200_and_etag_follows_version() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
 
     let created = api.put_fenced("home", "v1", 1).await.expect(201);
     assert_eq!(
@@ -29,7 +29,7 @@ async fn put_creates_with_201_then_updates_with_200_and_etag_follows_version() {
 
 #[tokio::test]
 async fn missing_page_is_404_json() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     api.get("nobody-wrote-me", &[])
         .await
         .expect_error(404, "page_not_found");
@@ -37,7 +37,7 @@ async fn missing_page_is_404_json() {
 
 #[tokio::test]
 async fn fenced_read_raises_the_fence_so_the_older_holders_late_write_is_refused() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     api.put_fenced("doc", "from 30", 30).await.expect(201);
 
     // The new holder (34) reads; the old holder (33) wakes up and writes.
@@ -58,7 +58,7 @@ async fn fenced_read_raises_the_fence_so_the_older_holders_late_write_is_refused
 
 #[tokio::test]
 async fn fenced_read_of_a_page_never_written_records_its_fence() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     let read = api
         .get("fresh", &[("Fencing-Token", "34")])
         .await
@@ -76,7 +76,7 @@ async fn fenced_read_of_a_page_never_written_records_its_fence() {
 
 #[tokio::test]
 async fn equal_token_is_accepted_and_an_older_one_changes_nothing() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     api.put_fenced("p", "a", 7).await.expect(201);
     api.put_fenced("p", "b", 7).await.expect(200);
     api.put_fenced("p", "c", 6)
@@ -105,7 +105,7 @@ async fn equal_token_is_accepted_and_an_older_one_changes_nothing() {
 
 #[tokio::test]
 async fn tokens_of_another_issuer_are_refused_with_issuer_mismatch() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     api.put(
         "p",
         "a",
@@ -131,7 +131,7 @@ async fn tokens_of_another_issuer_are_refused_with_issuer_mismatch() {
 
 #[tokio::test]
 async fn if_match_on_another_version_is_412_and_on_the_current_one_writes() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     api.put("p", "a", &[("Fencing-Token", "1"), ("If-Match", "\"1\"")])
         .await
         .expect_error(412, "version_mismatch");
@@ -153,7 +153,7 @@ async fn if_match_on_another_version_is_412_and_on_the_current_one_writes() {
 
 #[tokio::test]
 async fn write_without_token_is_428_when_fencing_is_enforced() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     api.put("p", "a", &[])
         .await
         .expect_error(428, "fencing_token_required");
@@ -162,7 +162,7 @@ async fn write_without_token_is_428_when_fencing_is_enforced() {
 
 #[tokio::test]
 async fn every_bad_input_gets_its_status_and_json_code_and_writes_nothing() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     api.put_fenced("p", "original", 5).await.expect(201);
     let page_url = api.url("/pages/p");
     let put = || api.http.put(&page_url).header("Fencing-Token", "9");
@@ -354,7 +354,7 @@ async fn every_bad_input_gets_its_status_and_json_code_and_writes_nothing() {
 
 #[tokio::test]
 async fn with_fencing_off_stale_writes_land_but_history_marks_them_stale() {
-    let (_gw, api, _) = gateway(Fencing::Off).await;
+    let (_gw, api, _) = gateway(FenceCheck::Off).await;
     api.put("p", "no token", &[]).await.expect(201);
     api.put_fenced("p", "new holder", 34).await.expect(200);
     let late = api.put_fenced("p", "old holder", 33).await.expect(200);
@@ -377,7 +377,7 @@ async fn with_fencing_off_stale_writes_land_but_history_marks_them_stale() {
 
 #[tokio::test]
 async fn history_lists_every_attempt_newest_first_with_its_details() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     api.put(
         "p",
         "a",
@@ -448,7 +448,7 @@ async fn history_lists_every_attempt_newest_first_with_its_details() {
 
 #[tokio::test]
 async fn list_health_readiness_and_metrics_answer() {
-    let (_gw, api, _) = gateway(Fencing::Enforce).await;
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     api.put_fenced("b", "x", 2).await.expect(201);
     api.put_fenced("a", "x", 1).await.expect(201);
     api.put_fenced("a", "x", 0).await.expect(409);
@@ -498,8 +498,8 @@ struct Attempt {
 async fn two_gateways_under_concurrent_random_tokens_never_accept_a_decreasing_token() {
     let url = harness::fresh_database().await;
     // Two gateways, each with its own pool: the only shared state is PostgreSQL.
-    let gw1 = gateway::spawn(&url, Fencing::Enforce).await.unwrap();
-    let gw2 = gateway::spawn(&url, Fencing::Enforce).await.unwrap();
+    let gw1 = gateway::spawn(&url, FenceCheck::Enforce).await.unwrap();
+    let gw2 = gateway::spawn(&url, FenceCheck::Enforce).await.unwrap();
     let apis = [Api::new(gw1.url()), Api::new(gw2.url())];
 
     let mut tasks = Vec::new();

@@ -6,13 +6,13 @@ mod common;
 use std::time::Duration;
 
 use common::Api;
-use gateway::Fencing;
+use gateway::FenceCheck;
 
 #[tokio::test]
 async fn database_outage_answers_503_json_and_the_gateway_recovers_by_itself() {
     let mut pg = harness::Postgres::start().await;
     let url = pg.create_database().await;
-    let gw = gateway::spawn(&url, Fencing::Enforce).await.unwrap();
+    let gw = gateway::spawn(&url, FenceCheck::Enforce).await.unwrap();
     let api = Api::new(gw.url());
     api.put_fenced("p", "before", 1).await.expect(201);
 

@@ -1,26 +1,6 @@
-//! One lock API, many lock services.
-//!
-//! A [`LockService`] grants a [`Lease`]: the lock's name, the issuer (which
-//! service minted the token), the [`Fencing`] it carries, and how long it can be
-//! trusted. A lease watches itself: a watchdog renews it at a third of the TTL
-//! (as Redisson does) unless turned off, and its [`LostSignal`] fires as soon as
-//! the grant can no longer be trusted (renewal refused, validity passed, session
-//! gone). [`Lease::is_lost`] also checks the deadline itself, so a process that
-//! was frozen past its validity learns it on the very first check after it
-//! resumes, even before the watchdog task has had a chance to run.
-//!
-//! What no lease can do is make "check, then write" atomic: a pause between
-//! [`Lease::is_lost`] and the write is invisible to the holder. Only the storage
-//! can close that gap, by refusing tokens older than the newest it has seen.
-//! That is why every backend that can mint a token mints it in the same atomic
-//! step as the grant, and why a backend that cannot ([`redlock`]) says so in its
-//! type ([`Fencing::Unfenced`]) instead of inventing one.
-
-pub mod error;
-pub mod lease_table;
-pub mod redis;
-pub mod redlock;
-pub mod zookeeper;
+//! The lock API shared by every backend: [`LockService`], [`Lease`] with its
+//! watchdog and [`LostSignal`], [`Fencing`], and what a backend implements
+//! ([`Grant`], [`NewLease`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,7 +11,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-pub use error::LockError;
+use crate::{LockError, Token};
 
 /// What a grant carries to prove its place in the order of grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +19,7 @@ pub enum Fencing {
     /// A number from a counter that only grows, minted in the same atomic step
     /// as the grant. Storage that remembers the highest token it has seen can
     /// refuse everything older.
-    Token(u64),
+    Token(Token),
     /// This service cannot mint a safe token. The reason says why; a client
     /// holding such a lease cannot be fenced, so it is only safe for efficiency
     /// locks, never for correctness.
@@ -47,7 +27,7 @@ pub enum Fencing {
 }
 
 impl Fencing {
-    pub fn token(&self) -> Option<u64> {
+    pub fn token(&self) -> Option<Token> {
         match self {
             Fencing::Token(t) => Some(*t),
             Fencing::Unfenced { .. } => None,
@@ -112,6 +92,13 @@ pub trait LockService: Send + Sync + 'static {
     /// comparable, so the gateway refuses to mix them on one page.
     fn issuer(&self) -> &str;
 
+    /// Who this client is. Every grant records it on the service (in the Redis
+    /// value, the ZooKeeper node's data, the lease row), so that a storage
+    /// asking the service who holds a lock ([`HolderLookup`]) learns which
+    /// client it is, not only which token. Set with each backend's
+    /// `with_client_id`; the default is `<hostname>-<pid>`.
+    fn client_id(&self) -> &str;
+
     /// Acquire `name`, waiting up to `opts.wait`. Dropping the future midway
     /// leaves nothing on the service that outlives the TTL.
     fn acquire_with<'a>(
@@ -129,6 +116,77 @@ pub trait LockService: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
         self.acquire_with(name, AcquireOptions::new(ttl).wait(wait))
     }
+}
+
+/// The current holder of a lock, as the lock service itself records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The holder's [`LockService::client_id`].
+    pub client_id: String,
+    /// The token of the holder's grant.
+    pub token: Token,
+}
+
+/// A lock service that a third party can ask who holds a lock right now: the
+/// storage's half of Chubby's `CheckSequencer`. The gateway asks it before a
+/// fenced write, so a token that is guessed, copied from another client, or
+/// from the future is refused even when it is higher than the page's fence.
+///
+/// Implemented by the backends that mint tokens (Redis, ZooKeeper, the lease
+/// tables), not by Redlock: it has no token to check.
+///
+/// The answer is true when the service answered it, and may be stale by the
+/// time the caller acts on it (the lease can end a moment later). That is why
+/// the storage still keeps its fence: the lookup refuses tokens the service
+/// never granted to this client, the fence refuses grants that were
+/// superseded.
+pub trait HolderLookup: Send + Sync + 'static {
+    /// The issuer whose locks this looks up (the same name as
+    /// [`LockService::issuer`]).
+    fn issuer(&self) -> &str;
+
+    /// Who holds `name` right now, and with which token; `None` when nobody
+    /// does (free, expired, released).
+    fn current_holder<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Holder>, LockError>>;
+}
+
+/// Check a client id: 1 to 128 visible ASCII characters (what the gateway's
+/// `Client-Id` header and API keys allow).
+pub fn validate_client_id(id: &str) -> Result<(), LockError> {
+    if (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(())
+    } else {
+        Err(LockError::InvalidConfig(format!(
+            "client id {id:?}: must be 1 to 128 visible ASCII characters"
+        )))
+    }
+}
+
+/// The default client id: `<hostname>-<pid>`.
+pub fn default_client_id() -> String {
+    let host = hostname::get()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_graphic()))
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// The allowance for two clocks running at different rates over `ttl`: 1 % of
+/// it plus 2 ms, as the Redlock algorithm specifies. Every backend whose grant
+/// is judged by the server's clock trusts a lease for `ttl` minus this,
+/// counted from when the request was sent ([`validity_for`]).
+pub fn drift_allowance(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// How long a grant of `ttl` is trusted, counted from when its request was
+/// sent: `ttl` less [`drift_allowance`].
+pub fn validity_for(ttl: Duration) -> Duration {
+    ttl.saturating_sub(drift_allowance(ttl))
 }
 
 /// The backend's side of one grant: how to renew and release exactly this grant.
@@ -215,14 +273,25 @@ impl Shared {
     }
 }
 
-/// A granted lock. Release it with [`Lease::release`]; dropping it stops the
-/// watchdog and leaves the grant to expire on the service.
+/// A granted lock.
+///
+/// Release it with [`Lease::release`], which tells you whether the release
+/// took effect (`Err(NotHeld)`: your lease had already ended, so your critical
+/// section outlived it). Dropping a lease without releasing it stops the
+/// watchdog and releases it in the background, on the same compare-owner
+/// path, on every backend (best effort: it needs a tokio runtime still
+/// running, and its outcome is only logged). A process that dies without
+/// either leaves the grant on the service until it expires: the TTL for Redis,
+/// Redlock and the lease tables, the session timeout for ZooKeeper.
 pub struct Lease {
     name: String,
     issuer: String,
+    client_id: String,
     fencing: Fencing,
     ttl: Duration,
+    validity: Option<Duration>,
     acquired_at: Instant,
+    released: bool,
     grant: Arc<dyn Grant>,
     shared: Arc<Shared>,
     lost_tx: Arc<watch::Sender<Option<String>>>,
@@ -234,7 +303,10 @@ pub struct Lease {
 pub struct NewLease {
     pub name: String,
     pub issuer: String,
+    /// The client id recorded with the grant on the service.
+    pub client_id: String,
     pub fencing: Fencing,
+    /// The TTL asked for.
     pub ttl: Duration,
     /// When the grant request was sent (validity is counted from there).
     pub requested_at: Instant,
@@ -286,9 +358,12 @@ impl Lease {
         let mut lease = Lease {
             name: new.name,
             issuer: new.issuer,
+            client_id: new.client_id,
             fencing: new.fencing,
             ttl: new.ttl,
+            validity: new.validity,
             acquired_at: new.requested_at,
+            released: false,
             grant: new.grant,
             shared,
             lost_tx: trigger.tx.clone(),
@@ -298,6 +373,7 @@ impl Lease {
         lease.watchdog = Some(tokio::spawn(watchdog(
             lease.name.clone(),
             lease.ttl,
+            lease.renew_period(),
             new.auto_renew,
             lease.grant.clone(),
             lease.shared.clone(),
@@ -314,17 +390,37 @@ impl Lease {
         &self.issuer
     }
 
+    /// The client id the service recorded with this grant.
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
     pub fn fencing(&self) -> Fencing {
         self.fencing
     }
 
     /// The fencing token, or `None` for a service that cannot mint one.
-    pub fn token(&self) -> Option<u64> {
+    pub fn token(&self) -> Option<Token> {
         self.fencing.token()
     }
 
+    /// The TTL asked for at acquire time (what each renewal asks for again).
     pub fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// How long one grant or renewal is trusted, counted from when its request
+    /// was sent: the TTL less a clock-drift allowance for Redis, Redlock and
+    /// the lease tables; for ZooKeeper `min(ttl, 3/4 of the session timeout)`.
+    /// `None` when only the backend's lost signal bounds the lease.
+    pub fn validity(&self) -> Option<Duration> {
+        self.validity
+    }
+
+    /// The watchdog renews at a third of the trust window, so that two
+    /// renewals can fail before the lease is lost.
+    fn renew_period(&self) -> Duration {
+        (self.validity.unwrap_or(self.ttl).min(self.ttl) / 3).max(Duration::from_millis(1))
     }
 
     pub fn acquired_at(&self) -> Instant {
@@ -382,6 +478,7 @@ impl Lease {
         if let Some(w) = self.watchdog.take() {
             w.abort();
         }
+        self.released = true;
         self.grant.release().await
     }
 }
@@ -391,6 +488,21 @@ impl Drop for Lease {
         if let Some(w) = self.watchdog.take() {
             w.abort();
         }
+        if self.released {
+            return;
+        }
+        // Dropped without a release: release in the background, so that the
+        // lock does not stay held until it expires. The same compare-owner
+        // release as `release()`: it never frees a later holder's grant.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let grant = self.grant.clone();
+            let name = self.name.clone();
+            rt.spawn(async move {
+                if let Err(e) = grant.release().await {
+                    tracing::debug!(lock = %name, "background release of a dropped lease: {e}");
+                }
+            });
+        }
     }
 }
 
@@ -399,6 +511,7 @@ impl std::fmt::Debug for Lease {
         f.debug_struct("Lease")
             .field("name", &self.name)
             .field("issuer", &self.issuer)
+            .field("client_id", &self.client_id)
             .field("fencing", &self.fencing)
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
@@ -411,12 +524,12 @@ impl std::fmt::Debug for Lease {
 async fn watchdog(
     name: String,
     ttl: Duration,
+    period: Duration,
     auto_renew: bool,
     grant: Arc<dyn Grant>,
     shared: Arc<Shared>,
     trigger: LostTrigger,
 ) {
-    let period = (ttl / 3).max(Duration::from_millis(1));
     let mut next_renew = Instant::now() + period;
     loop {
         let deadline = shared.deadline();

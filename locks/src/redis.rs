@@ -2,8 +2,12 @@
 //!
 //! # Keys
 //! For a lock named `N`:
-//! - `lock:{N}` holds the current holder's random owner value (a UUID) and
-//!   expires after the TTL (`SET ... NX PX ttl`). It exists only while held.
+//! - `lock:{N}` holds the current holder's owner value and expires after the
+//!   TTL. It exists only while held. The value is `<token> <nonce> <client
+//!   id>`: the grant's token, a random nonce that makes it unique to this
+//!   grant, and the [`LockService::client_id`] of the holder, so that one `GET`
+//!   tells a storage who holds the lock and with which token
+//!   ([`HolderLookup`]).
 //! - `fence:{N}` is the fencing counter. It never expires; every grant
 //!   `INCR`s it and the new value is the grant's token.
 //!
@@ -11,10 +15,11 @@
 //! slot, so the grant script (which touches both) would also run on a cluster.
 //!
 //! # Grant, renew, release
-//! A grant is ONE Lua script ([`GRANT_SCRIPT`]): `SET lock NX PX ttl` and, only
-//! if that succeeded, `INCR fence`. Redis runs a script without interleaving
-//! any other command, so no other client can be granted between the `SET` and
-//! the `INCR`: the order of tokens is the order of grants. Renew
+//! A grant is ONE Lua script ([`GRANT_SCRIPT`]): if `lock` does not exist,
+//! `INCR fence` and `SET lock "<token> <nonce> <client>" PX ttl`. Redis runs a
+//! script without interleaving any other command, so no other client can be
+//! granted between the check, the `INCR` and the `SET`: the order of tokens is
+//! the order of grants. Renew
 //! ([`RENEW_SCRIPT`]) and release ([`RELEASE_SCRIPT`]) compare the owner value
 //! first, so a holder whose grant expired can never extend or delete the next
 //! holder's key.
@@ -54,8 +59,9 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Script};
 use tokio::time::Instant;
 
-use super::{
-    poll_until_granted, AcquireOptions, Fencing, Grant, Lease, LockError, LockService, NewLease,
+use crate::{
+    default_client_id, poll_until_granted, validate_client_id, validity_for, AcquireOptions,
+    Fencing, Grant, Holder, HolderLookup, Lease, LockError, LockService, NewLease, Token,
 };
 
 /// The issuer name sent with every token.
@@ -74,13 +80,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Backstop for any reply; each operation also has its own shorter deadline.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// `KEYS[1]` lock key, `KEYS[2]` fence key, `ARGV[1]` owner, `ARGV[2]` TTL in
-/// ms. Returns the new token, or nil when the lock is held.
+/// `KEYS[1]` lock key, `KEYS[2]` fence key, `ARGV[1]` `"<nonce> <client id>"`,
+/// `ARGV[2]` TTL in ms. Returns the new token, or nil when the lock is held.
+/// The lock's value becomes `"<token> <nonce> <client id>"`.
 pub const GRANT_SCRIPT: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return false
 end
-return false
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+return token
 ";
 
 /// `KEYS[1]` lock key, `ARGV[1]` owner, `ARGV[2]` TTL in ms. Returns 1 when
@@ -111,10 +120,21 @@ pub fn fence_key(name: &str) -> String {
     format!("fence:{{{name}}}")
 }
 
-/// How long a grant of `ttl` is trusted, counted from when its request was
-/// sent: the TTL less a clock-drift allowance (1% + 2 ms).
-pub fn validity_for(ttl: Duration) -> Duration {
-    ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+/// The owner value a grant writes into `lock:{N}`.
+pub fn owner_value(token: Token, nonce: &str, client_id: &str) -> String {
+    format!("{token} {nonce} {client_id}")
+}
+
+/// The holder an owner value names: `"<token> <nonce> <client id>"`.
+pub fn parse_owner_value(value: &str) -> Option<Holder> {
+    let mut parts = value.splitn(3, ' ');
+    let token = parts.next()?.parse().ok()?;
+    let _nonce = parts.next()?;
+    let client_id = parts.next().filter(|c| !c.is_empty())?;
+    Some(Holder {
+        client_id: client_id.to_string(),
+        token,
+    })
 }
 
 /// A lock service on one Redis server. Cheap to clone; clones share one
@@ -122,12 +142,14 @@ pub fn validity_for(ttl: Duration) -> Duration {
 #[derive(Clone)]
 pub struct RedisLock {
     inner: Arc<Inner>,
+    client_id: Arc<str>,
 }
 
 impl std::fmt::Debug for RedisLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLock")
             .field("server", &self.inner.client.get_connection_info().addr)
+            .field("client_id", &self.client_id)
             .finish()
     }
 }
@@ -170,6 +192,7 @@ impl RedisLock {
                     release: Script::new(RELEASE_SCRIPT),
                 },
             }),
+            client_id: default_client_id().into(),
         };
         let mut conn = lock.inner.connection().await?;
         let ping = tokio::time::timeout(
@@ -182,35 +205,50 @@ impl RedisLock {
         Ok(lock)
     }
 
+    /// Record `id` as this client's id in every grant (see
+    /// [`LockService::client_id`]). `InvalidConfig` unless it is 1 to 128
+    /// visible ASCII characters.
+    pub fn with_client_id(mut self, id: impl Into<String>) -> Result<Self, LockError> {
+        let id = id.into();
+        validate_client_id(&id)?;
+        self.client_id = id.into();
+        Ok(self)
+    }
+
     /// Try once: the lease if granted now, `None` if somebody holds the lock.
     async fn try_grant(
         &self,
         name: &str,
         opts: AcquireOptions,
     ) -> Result<Option<Lease>, LockError> {
-        let owner = uuid::Uuid::new_v4().to_string();
+        let nonce = uuid::Uuid::new_v4().simple().to_string();
         let ttl_ms = opts.ttl.as_millis() as u64;
         let requested_at = Instant::now();
-        let token: Option<u64> = self
+        let token: Option<i64> = self
             .inner
             .run(opts.ttl, |scripts| {
                 let mut inv = scripts.grant.key(lock_key(name));
-                inv.key(fence_key(name)).arg(&owner).arg(ttl_ms);
+                inv.key(fence_key(name))
+                    .arg(format!("{nonce} {}", self.client_id))
+                    .arg(ttl_ms);
                 inv
             })
             .await?;
         let Some(token) = token else {
             return Ok(None);
         };
-        tracing::debug!(lock = name, token, "redis lock granted");
+        let token = Token::try_from(token)
+            .map_err(|e| LockError::protocol(ISSUER, format!("counter {token}: {e}")))?;
+        tracing::debug!(lock = name, %token, "redis lock granted");
         let grant = Arc::new(RedisGrant {
             lock: self.clone(),
             name: name.to_string(),
-            owner,
+            owner: owner_value(token, &nonce, &self.client_id),
         });
         Ok(Some(Lease::new(NewLease {
             name: name.to_string(),
             issuer: ISSUER.to_string(),
+            client_id: self.client_id.to_string(),
             fencing: Fencing::Token(token),
             ttl: opts.ttl,
             requested_at,
@@ -287,6 +325,10 @@ impl LockService for RedisLock {
         ISSUER
     }
 
+    fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
     fn acquire_with<'a>(
         &'a self,
         name: &'a str,
@@ -295,6 +337,36 @@ impl LockService for RedisLock {
         async move {
             opts.validate(name)?;
             poll_until_granted(name, opts.wait, || self.try_grant(name, opts)).await
+        }
+        .boxed()
+    }
+}
+
+impl HolderLookup for RedisLock {
+    fn issuer(&self) -> &str {
+        ISSUER
+    }
+
+    /// One `GET` of `lock:{N}`: the key exists exactly while the lock is held
+    /// (Redis expires it), and its value names the holder and its token.
+    fn current_holder<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
+        async move {
+            let mut conn = self.inner.connection().await?;
+            let get = redis::cmd("GET").arg(lock_key(name)).to_owned();
+            let value: Option<String> =
+                match tokio::time::timeout(RESPONSE_TIMEOUT, get.query_async(&mut conn)).await {
+                    Err(_) => return Err(LockError::unavailable(ISSUER, "GET timed out")),
+                    Ok(r) => r.map_err(|e| self.inner.failed(e))?,
+                };
+            match value {
+                None => Ok(None),
+                Some(v) => parse_owner_value(&v).map(Some).ok_or_else(|| {
+                    LockError::protocol(ISSUER, format!("lock value {v:?} names no holder"))
+                }),
+            }
         }
         .boxed()
     }

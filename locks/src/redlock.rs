@@ -46,7 +46,7 @@
 //! - more basically (Kleppmann, "How to do distributed locking", 2016), the
 //!   algorithm's safety rests on timing (bounded pauses, bounded network delay,
 //!   clocks that advance at the same rate). The demonstrations in
-//!   `worker/tests/redlock.rs` show two clients both holding a valid grant after
+//!   `locks/tests/redlock.rs` show two clients both holding a valid grant after
 //!   a node restart without persistence and after a clock jump on one node.
 //!   A token derived from such a grant would look safe and would not be.
 //!
@@ -54,7 +54,7 @@
 //! off accepts its writes. Use it for efficiency (avoid doing work twice), not
 //! for correctness.
 //!
-//! # Where it breaks, reproducibly (`worker/tests/redlock.rs`)
+//! # Where it breaks, reproducibly (`locks/tests/redlock.rs`)
 //! - `two_holders_after_node_restart_without_persistence`: client 1 holds A, B,
 //!   C of five (D, E unreachable); C crashes and restarts empty; client 2 gets
 //!   C, D, E while client 1's lease is still valid.
@@ -83,8 +83,9 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Script, Value};
 use tokio::time::Instant;
 
-use super::{
-    poll_until_granted, AcquireOptions, Fencing, Grant, Lease, LockError, LockService, NewLease,
+use crate::{
+    default_client_id, drift_allowance, poll_until_granted, validate_client_id, AcquireOptions,
+    Fencing, Grant, Lease, LockError, LockService, NewLease,
 };
 
 /// The issuer name of this service (its leases carry no token).
@@ -101,7 +102,7 @@ pub const EXTEND_ATTEMPTS: u32 = 3;
 /// The compare-owner scripts are the single-instance backend's: per node,
 /// Redlock extends and releases exactly as one Redis lock does. Atomic
 /// because Redis runs a script without interleaving other commands.
-pub use super::redis::{RELEASE_SCRIPT, RENEW_SCRIPT as EXTEND_SCRIPT};
+pub use crate::redis::{RELEASE_SCRIPT, RENEW_SCRIPT as EXTEND_SCRIPT};
 
 /// How long connecting to one node may take at [`Redlock::connect`].
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -120,9 +121,10 @@ pub fn key_of(name: &str) -> String {
     format!("redlock:{{{name}}}")
 }
 
-/// Clock drift allowance for a TTL, as the Redlock page specifies it.
+/// Clock drift allowance for a TTL, as the Redlock page specifies it (the
+/// crate's one formula, [`drift_allowance`]).
 pub fn drift_of(ttl: Duration) -> Duration {
-    ttl.mul_f64(0.01) + Duration::from_millis(2)
+    drift_allowance(ttl)
 }
 
 /// The default per-node timeout for a TTL: `clamp(ttl / 200, 5 ms, 50 ms)`.
@@ -358,7 +360,10 @@ where
 /// Redlock over N independent Redis masters. Cheap to share behind an `Arc`.
 pub struct Redlock {
     cluster: Arc<Cluster>,
-    /// Prefix of every owner value this client writes.
+    /// Random prefix of every owner value this instance writes (unique even
+    /// when two processes share a client id).
+    instance: String,
+    /// Who this client is ([`LockService::client_id`]).
     client_id: String,
     sequence: AtomicU64,
 }
@@ -416,7 +421,8 @@ impl Redlock {
                 nodes,
                 node_timeout: None,
             }),
-            client_id: uuid::Uuid::new_v4().simple().to_string(),
+            instance: uuid::Uuid::new_v4().simple().to_string(),
+            client_id: default_client_id(),
             sequence: AtomicU64::new(0),
         })
     }
@@ -452,16 +458,26 @@ impl Redlock {
         self.cluster.node_timeout(ttl)
     }
 
-    /// Every owner value this client writes starts with `"<client_id>:"`.
-    pub fn client_id(&self) -> &str {
-        &self.client_id
+    /// Set the client id reported by [`LockService::client_id`]. Redlock
+    /// keeps no record a storage could check it against (no token), so it
+    /// only names this client in logs.
+    pub fn with_client_id(mut self, id: impl Into<String>) -> Result<Self, LockError> {
+        let id = id.into();
+        validate_client_id(&id)?;
+        self.client_id = id;
+        Ok(self)
+    }
+
+    /// Every owner value this instance writes starts with `"<instance_id>:"`.
+    pub fn instance_id(&self) -> &str {
+        &self.instance
     }
 
     /// Whether an owner value (from [`Redlock::holders_on_nodes`]) was written
-    /// by this client.
+    /// by this instance.
     pub fn owns(&self, owner: &str) -> bool {
         owner
-            .strip_prefix(self.client_id.as_str())
+            .strip_prefix(self.instance.as_str())
             .is_some_and(|rest| rest.starts_with(':'))
     }
 
@@ -490,7 +506,7 @@ impl Redlock {
         let cluster = &self.cluster;
         let key = key_of(name);
         let seq = self.sequence.fetch_add(1, Ordering::Relaxed);
-        let owner = format!("{}:{seq}", self.client_id);
+        let owner = format!("{}:{seq}", self.instance);
         let ttl_ms = opts.ttl.as_millis() as u64;
         let t = cluster.node_timeout(opts.ttl);
         let drift = drift_of(opts.ttl);
@@ -523,6 +539,7 @@ impl Redlock {
             return Ok(Some(Lease::new(NewLease {
                 name: name.to_string(),
                 issuer: ISSUER.to_string(),
+                client_id: self.client_id.clone(),
                 fencing: Fencing::Unfenced {
                     reason: UNFENCED_REASON,
                 },
@@ -546,6 +563,10 @@ impl Redlock {
 impl LockService for Redlock {
     fn issuer(&self) -> &str {
         ISSUER
+    }
+
+    fn client_id(&self) -> &str {
+        &self.client_id
     }
 
     fn acquire_with<'a>(

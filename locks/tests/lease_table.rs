@@ -5,11 +5,11 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fencelock::lease_table::LeaseTable;
+use fencelock::{AcquireOptions, LockError, LockService};
 use harness::Postgres;
 use support::contract;
 use tokio::time::Instant;
-use worker::lock::lease_table::LeaseTable;
-use worker::lock::{AcquireOptions, LockError, LockService};
 
 async fn postgres() -> LeaseTable {
     LeaseTable::postgres(&harness::fresh_database().await)
@@ -42,6 +42,21 @@ macro_rules! lease_table_claims {
                 assert_eq!(svc.issuer(), $issuer);
                 assert_eq!(contract::tokens_strictly_increase(&svc, "a", 5).await, 5);
                 assert_eq!(contract::tokens_strictly_increase(&svc, "b", 2).await, 2);
+            }
+
+            #[tokio::test]
+            async fn holder_lookup_names_the_client_and_token() {
+                let svc = $connect.await.with_client_id("alice").unwrap();
+                contract::holder_lookup_names_the_client_and_token(
+                    &svc, &svc, "alice", "page", true,
+                )
+                .await;
+            }
+
+            #[tokio::test]
+            async fn dropped_lease_is_released_in_the_background() {
+                contract::dropped_lease_is_released_in_the_background(&$connect.await, "page")
+                    .await;
             }
 
             #[tokio::test]
@@ -135,7 +150,7 @@ async fn postgres_tokens_keep_increasing_across_a_database_crash() {
         .acquire("page", Duration::from_secs(5), Duration::from_secs(10))
         .await
         .expect("acquire after restart");
-    assert!(after.token().unwrap() > before);
+    assert!(after.token().unwrap().get() > before);
     after.release().await.unwrap();
 }
 
@@ -151,7 +166,7 @@ async fn mysql_tokens_keep_increasing_across_a_database_crash() {
         .acquire("page", Duration::from_secs(5), Duration::from_secs(10))
         .await
         .expect("acquire after restart");
-    assert!(after.token().unwrap() > before);
+    assert!(after.token().unwrap().get() > before);
     after.release().await.unwrap();
 }
 

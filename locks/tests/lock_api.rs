@@ -1,4 +1,4 @@
-//! The generic lease logic in `worker::lock` (watchdog, lost signal, retry
+//! The generic lease logic in `fencelock` (watchdog, lost signal, retry
 //! loop), on paused tokio time. The backend side is a scripted [`Grant`] that
 //! answers renewals as the test says: this tests `Lease` itself, not a service
 //! (the backends' own tests run against real servers).
@@ -7,12 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fencelock::{
+    lost_channel, poll_until_granted, AcquireOptions, Fencing, Grant, Lease, LockError, NewLease,
+    Token,
+};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::time::Instant;
-use worker::lock::{
-    lost_channel, poll_until_granted, AcquireOptions, Fencing, Grant, Lease, LockError, NewLease,
-};
 
 #[derive(Clone, Copy, PartialEq)]
 enum Answer {
@@ -73,7 +74,8 @@ fn lease(grant: Arc<Scripted>, ttl: Duration, auto_renew: bool) -> Lease {
     Lease::new(NewLease {
         name: "page".into(),
         issuer: "test".into(),
-        fencing: Fencing::Token(7),
+        client_id: "test-client".into(),
+        fencing: Fencing::Token(Token::new(7).unwrap()),
         ttl,
         requested_at: Instant::now(),
         validity: Some(ttl),
@@ -167,7 +169,8 @@ async fn is_lost_checks_the_deadline_itself() {
     let lease = Lease::new(NewLease {
         name: "page".into(),
         issuer: "test".into(),
-        fencing: Fencing::Token(1),
+        client_id: "test-client".into(),
+        fencing: Fencing::Token(Token::new(1).unwrap()),
         ttl: TTL,
         requested_at: Instant::now() - TTL * 2,
         validity: Some(TTL),
@@ -184,7 +187,8 @@ async fn backend_trigger_fires_the_lost_signal() {
     let lease = Lease::new(NewLease {
         name: "page".into(),
         issuer: "test".into(),
-        fencing: Fencing::Token(1),
+        client_id: "test-client".into(),
+        fencing: Fencing::Token(Token::new(1).unwrap()),
         ttl: TTL,
         requested_at: Instant::now(),
         validity: None,
@@ -220,7 +224,7 @@ async fn poll_until_granted_retries_until_granted() {
     })
     .await
     .expect("granted on the fifth attempt");
-    assert_eq!(lease.token(), Some(7));
+    assert_eq!(lease.token(), Token::new(7));
     assert_eq!(attempts.load(Ordering::SeqCst), 5);
 }
 

@@ -5,10 +5,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fencelock::redis::{fence_key, lock_key, RedisLock};
+use fencelock::{LockError, LockService};
 use harness::{Persistence, Redis};
 use support::contract;
-use worker::lock::redis::{fence_key, lock_key, RedisLock};
-use worker::lock::{LockError, LockService};
 
 async fn service(redis: &Redis) -> RedisLock {
     RedisLock::connect(&redis.url()).await.expect("connect")
@@ -56,7 +56,7 @@ async fn grant_sets_owner_key_with_ttl_and_counter_without() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    assert_eq!(Some(fence), lease.token());
+    assert_eq!(Some(fence), lease.token().map(|t| t.get()));
     lease.release().await.unwrap();
     let exists: i64 = redis::cmd("EXISTS")
         .arg(lock_key("page"))
@@ -76,7 +76,7 @@ async fn tokens_keep_increasing_across_restart_with_aof_always() {
         .acquire("page", Duration::from_secs(5), Duration::ZERO)
         .await
         .unwrap();
-    assert!(after.token().unwrap() > before);
+    assert!(after.token().unwrap().get() > before);
     after.release().await.unwrap();
 }
 
@@ -93,7 +93,11 @@ async fn tokens_go_backwards_after_restart_without_persistence() {
         .acquire("page", Duration::from_secs(5), Duration::ZERO)
         .await
         .unwrap();
-    assert_eq!(after.token(), Some(1), "the counter restarted from scratch");
+    assert_eq!(
+        after.token().map(|t| t.get()),
+        Some(1),
+        "the counter restarted from scratch"
+    );
     after.release().await.unwrap();
 }
 
@@ -130,7 +134,7 @@ async fn release_by_a_stranger_does_not_free_the_lock() {
         .await
         .unwrap();
     let mut raw = raw(&redis).await;
-    let deleted: i64 = redis::Script::new(worker::lock::redis::RELEASE_SCRIPT)
+    let deleted: i64 = redis::Script::new(fencelock::redis::RELEASE_SCRIPT)
         .key(lock_key("page"))
         .arg("somebody-else")
         .invoke_async(&mut raw)
@@ -216,4 +220,22 @@ async fn raw(redis: &Redis) -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .unwrap()
+}
+
+#[tokio::test]
+async fn holder_lookup_names_the_client_and_token() {
+    let redis = Redis::start().await;
+    let svc = service(&redis).await.with_client_id("alice").unwrap();
+    contract::holder_lookup_names_the_client_and_token(&svc, &svc, "alice", "page", true).await;
+    // A client id is what the gateway's keys allow: visible ASCII, no spaces.
+    assert!(matches!(
+        service(&redis).await.with_client_id("two words"),
+        Err(LockError::InvalidConfig(_))
+    ));
+}
+
+#[tokio::test]
+async fn dropped_lease_is_released_in_the_background() {
+    let redis = Redis::start().await;
+    contract::dropped_lease_is_released_in_the_background(&service(&redis).await, "page").await;
 }

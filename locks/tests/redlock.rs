@@ -9,11 +9,11 @@
 
 use std::time::Duration;
 
+use fencelock::redlock::{drift_of, key_of, Redlock, ISSUER};
+use fencelock::{AcquireOptions, Fencing, Lease, LockError, LockService};
 use harness::{free_port, wait_until, Persistence, Redis};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
-use worker::lock::redlock::{drift_of, key_of, Redlock, ISSUER};
-use worker::lock::{AcquireOptions, Fencing, Lease, LockError, LockService};
 
 /// Per-node timeout used by these tests: well below every TTL here, and well
 /// above a local reply even on a loaded 2-core machine.

@@ -2,11 +2,15 @@
 //! the tests (each uses its own lock names), and a three-node ensemble for the
 //! failover test.
 
+mod support;
+
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fencelock::zookeeper::{ZooKeeperLock, LOCKS_ROOT};
+use fencelock::{AcquireOptions, LockError, LockService};
 use harness::zookeeper::ZooKeeperEnsemble;
 use harness::{wait_until, ZooKeeper};
 use nix::sys::signal::{kill, Signal};
@@ -14,8 +18,6 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
-use worker::lock::zookeeper::{ZooKeeperLock, LOCKS_ROOT};
-use worker::lock::{AcquireOptions, LockError, LockService};
 use zookeeper_client as zk;
 
 const SESSION: Duration = Duration::from_secs(2);
@@ -78,7 +80,7 @@ async fn waiters_are_granted_in_arrival_order_with_increasing_tokens_one_at_a_ti
     let lock = connect(&cs).await;
     let name = "fifo";
     let first = lock.acquire(name, SESSION, Duration::ZERO).await.unwrap();
-    let order = Arc::new(Mutex::new(vec![(0, first.token().unwrap())]));
+    let order = Arc::new(Mutex::new(vec![(0, first.token().unwrap().get())]));
     let inside = Arc::new(AtomicU32::new(0));
     let mut waiters = Vec::new();
     for i in 1..=5u32 {
@@ -93,7 +95,10 @@ async fn waiters_are_granted_in_arrival_order_with_increasing_tokens_one_at_a_ti
                 0,
                 "two holders at once"
             );
-            order.lock().unwrap().push((i, lease.token().unwrap()));
+            order
+                .lock()
+                .unwrap()
+                .push((i, lease.token().unwrap().get()));
             tokio::task::yield_now().await;
             inside.fetch_sub(1, Ordering::SeqCst);
             lease.release().await.unwrap();
@@ -136,7 +141,7 @@ async fn separate_sessions_never_hold_at_once_and_tokens_only_grow() {
                     0,
                     "two holders at once"
                 );
-                tokens.lock().unwrap().push(lease.token().unwrap());
+                tokens.lock().unwrap().push(lease.token().unwrap().get());
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 inside.fetch_sub(1, Ordering::SeqCst);
                 lease.release().await.unwrap();
@@ -243,7 +248,9 @@ async fn wakeups_per_release(cs: &str, name: &'static str, fair: bool) -> Vec<u6
                 .await
                 .unwrap();
             let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-            granted.send((lease.token().unwrap(), release_tx)).unwrap();
+            granted
+                .send((lease.token().unwrap().get(), release_tx))
+                .unwrap();
             release_rx.await.unwrap();
             lease.release().await.unwrap();
         }));
@@ -317,7 +324,7 @@ async fn child_holder_process() {
             return (signal.is_lost(), signal.reason());
         }
     });
-    println!("ACQUIRED {}", lease.token().unwrap());
+    println!("ACQUIRED {}", lease.token().unwrap().get());
     let (lost, reason) = resumed.await.unwrap();
     println!("CHECK lost={lost} reason={reason:?}");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -405,7 +412,7 @@ async fn paused_holder_loses_its_session_and_the_next_waiter_gets_a_higher_token
         "granted after {:?}",
         stopped.elapsed()
     );
-    let token = lease.token().unwrap();
+    let token = lease.token().unwrap().get();
     assert!(token > paused_token, "{token} <= {paused_token}");
 
     kill(pid, Signal::SIGCONT).unwrap();
@@ -440,7 +447,7 @@ async fn killing_the_ensemble_leader_keeps_the_lock_and_its_token() {
     let other = ZooKeeperLock::connect(&cs, session).await.unwrap();
     let name = "failover";
     let lease = holder.acquire(name, session, Duration::ZERO).await.unwrap();
-    let token = lease.token().unwrap();
+    let token = lease.token().unwrap().get();
 
     let old_leader = ensemble.leader().await.expect("a leader");
     ensemble.kill(old_leader);
@@ -470,7 +477,7 @@ async fn killing_the_ensemble_leader_keeps_the_lock_and_its_token() {
     // New grants are ordered after the old ones: a higher epoch.
     lease.release().await.unwrap();
     let after = other.acquire(name, session, Duration::ZERO).await.unwrap();
-    let new_token = after.token().unwrap();
+    let new_token = after.token().unwrap().get();
     assert!(new_token > token);
     assert!(
         new_token >> 32 > token >> 32,
@@ -520,7 +527,7 @@ async fn election_hands_over_on_abdicate(fair: bool) {
         "{timed_out:?}"
     );
 
-    let mut epochs = vec![first.epoch()];
+    let mut epochs = vec![first.epoch().get()];
     let mut leader = first;
     for _ in 0..2 {
         leader.abdicate().await.unwrap();
@@ -537,7 +544,7 @@ async fn election_hands_over_on_abdicate(fair: bool) {
             (seen.candidate.as_str(), seen.epoch),
             (next.candidate(), next.epoch())
         );
-        epochs.push(next.epoch());
+        epochs.push(next.epoch().get());
         leader = next;
     }
     assert_increasing(&epochs);
@@ -602,4 +609,30 @@ async fn lost_session_fires_the_lost_signal() {
         .await
         .unwrap();
     again.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn holder_lookup_from_another_session_names_the_client_and_token() {
+    let cs = zk_server().await;
+    let svc = connect(&cs).await.with_client_id("alice").unwrap();
+    // The storage's own session, as the gateway has one.
+    let lookup = connect(&cs).await;
+    support::contract::holder_lookup_names_the_client_and_token(
+        &svc,
+        &lookup,
+        "alice",
+        "holder-lookup",
+        false,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn dropped_lease_is_released_in_the_background() {
+    let cs = zk_server().await;
+    support::contract::dropped_lease_is_released_in_the_background(
+        &connect(&cs).await,
+        "dropped-lease",
+    )
+    .await;
 }

@@ -54,7 +54,7 @@ impl LockService {
     }
 }
 
-async fn start_gateway(fencing: gateway::Fencing) -> gateway::RunningGateway {
+async fn start_gateway(fencing: gateway::FenceCheck) -> gateway::RunningGateway {
     let db = harness::fresh_database().await;
     gateway::spawn(&db, fencing)
         .await
@@ -155,9 +155,9 @@ fn assert_non_decreasing(tokens: &[u64], what: &str) {
 async fn three_workers_edit_one_page(backend: &str, fencing: bool, extra: &[&str]) {
     let locks = LockService::start(backend).await;
     let gateway = start_gateway(if fencing {
-        gateway::Fencing::Enforce
+        gateway::FenceCheck::Enforce
     } else {
-        gateway::Fencing::Off
+        gateway::FenceCheck::Off
     })
     .await;
     let url = gateway.url();
@@ -314,7 +314,7 @@ async fn wait_stopped(w: &WorkerProcess) {
 #[tokio::test]
 async fn write_after_a_pause_at_writing_is_rejected_by_the_fence() {
     let locks = LockService::start("redis").await;
-    let gateway = start_gateway(gateway::Fencing::Enforce).await;
+    let gateway = start_gateway(gateway::FenceCheck::Enforce).await;
     let url = gateway.url();
     let page = "pause-at-writing";
 
@@ -390,7 +390,7 @@ async fn write_after_a_pause_at_writing_is_rejected_by_the_fence() {
 #[tokio::test]
 async fn without_fencing_a_write_after_a_pause_at_writing_loses_acknowledged_edits() {
     let locks = LockService::start("redis").await;
-    let gateway = start_gateway(gateway::Fencing::Off).await;
+    let gateway = start_gateway(gateway::FenceCheck::Off).await;
     let url = gateway.url();
     let page = "pause-at-writing-unfenced";
     let unfenced = ["--ttl", "500ms", "--work-ms", "10", "--fencing", "off"];
@@ -440,7 +440,7 @@ async fn without_fencing_a_write_after_a_pause_at_writing_loses_acknowledged_edi
 #[tokio::test]
 async fn pause_at_read_is_caught_by_the_lost_lock_check() {
     let locks = LockService::start("redis").await;
-    let gateway = start_gateway(gateway::Fencing::Enforce).await;
+    let gateway = start_gateway(gateway::FenceCheck::Enforce).await;
     let url = gateway.url();
     let page = "pause-at-read";
 
@@ -494,7 +494,7 @@ async fn pause_at_read_is_caught_by_the_lost_lock_check() {
 #[tokio::test]
 async fn sigterm_mid_run_releases_prints_the_summary_and_exits_zero() {
     let locks = LockService::start("redis").await;
-    let gateway = start_gateway(gateway::Fencing::Enforce).await;
+    let gateway = start_gateway(gateway::FenceCheck::Enforce).await;
     let url = gateway.url();
 
     // Unbounded: only SIGTERM ends it.
@@ -561,7 +561,7 @@ async fn redlock_with_fencing_on_is_refused_with_the_reason() {
 #[tokio::test]
 async fn token_counter_reset_by_a_redis_restart_is_named_as_such() {
     let mut redis = Redis::start().await;
-    let gateway = start_gateway(gateway::Fencing::Enforce).await;
+    let gateway = start_gateway(gateway::FenceCheck::Enforce).await;
     let url = gateway.url();
     let page = "counter-reset";
     let redis_url = redis.url();
@@ -630,7 +630,7 @@ async fn unreachable_gateway_is_retried_until_it_answers() {
         .expect("bind the gateway's port");
     tokio::spawn(gateway::serve(
         listener,
-        gateway::AppState::new(db, gateway::Fencing::Enforce),
+        gateway::AppState::new(db, gateway::FenceCheck::Enforce),
         std::future::pending(),
     ));
 
@@ -644,7 +644,7 @@ async fn unreachable_gateway_is_retried_until_it_answers() {
 /// says so, and still shuts down cleanly on SIGTERM.
 #[tokio::test]
 async fn unreachable_lock_service_is_retried_and_sigterm_still_exits_zero() {
-    let gateway = start_gateway(gateway::Fencing::Enforce).await;
+    let gateway = start_gateway(gateway::FenceCheck::Enforce).await;
     let args: Vec<String> = [
         "--backend",
         "redis",
@@ -671,7 +671,7 @@ async fn unreachable_lock_service_is_retried_and_sigterm_still_exits_zero() {
 #[tokio::test]
 async fn duration_ends_an_unbounded_run_with_a_summary() {
     let locks = LockService::start("redis").await;
-    let gateway = start_gateway(gateway::Fencing::Enforce).await;
+    let gateway = start_gateway(gateway::FenceCheck::Enforce).await;
     let mut w = spawn_worker(worker_args(
         &locks,
         &gateway.url(),

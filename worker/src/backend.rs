@@ -3,11 +3,11 @@
 use std::sync::Arc;
 
 use crate::config::{Backend, Config, ConfigError};
-use crate::lock::lease_table::LeaseTable;
-use crate::lock::redis::RedisLock;
-use crate::lock::redlock::Redlock;
-use crate::lock::zookeeper::ZooKeeperLock;
-use crate::lock::{LockError, LockService};
+use fencelock::lease_table::LeaseTable;
+use fencelock::redis::RedisLock;
+use fencelock::redlock::Redlock;
+use fencelock::zookeeper::ZooKeeperLock;
+use fencelock::{LockError, LockService};
 
 /// Why no lock service could be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,10 +34,11 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn LockService>, BackendErr
         backend: config.backend.name(),
         setting,
     };
+    let client_id = config.client_id();
     let service: Arc<dyn LockService> = match config.backend {
         Backend::Redis => {
             let url = config.redis_url.as_deref().ok_or(missing("--redis-url"))?;
-            Arc::new(RedisLock::connect(url).await?)
+            Arc::new(RedisLock::connect(url).await?.with_client_id(client_id)?)
         }
         Backend::Redlock => {
             let urls: Vec<String> = config
@@ -46,25 +47,29 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn LockService>, BackendErr
                 .map(|u| u.trim().to_string())
                 .filter(|u| !u.is_empty())
                 .collect();
-            Arc::new(Redlock::connect(&urls).await?)
+            Arc::new(Redlock::connect(&urls).await?.with_client_id(client_id)?)
         }
         Backend::Zookeeper => {
             let connect = config
                 .zookeeper_connect
                 .as_deref()
                 .ok_or(missing("--zookeeper-connect"))?;
-            Arc::new(ZooKeeperLock::connect(connect, config.ttl).await?)
+            Arc::new(
+                ZooKeeperLock::connect(connect, config.ttl)
+                    .await?
+                    .with_client_id(client_id)?,
+            )
         }
         Backend::LeasePostgres => {
             let url = config
                 .database_url
                 .as_deref()
                 .ok_or(missing("--database-url"))?;
-            Arc::new(LeaseTable::postgres(url).await?)
+            Arc::new(LeaseTable::postgres(url).await?.with_client_id(client_id)?)
         }
         Backend::LeaseMysql => {
             let url = config.mysql_url.as_deref().ok_or(missing("--mysql-url"))?;
-            Arc::new(LeaseTable::mysql(url).await?)
+            Arc::new(LeaseTable::mysql(url).await?.with_client_id(client_id)?)
         }
     };
     Ok(service)

@@ -7,10 +7,12 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::Value;
 
+pub use fencelock::Token;
+
 /// What a lock holder sends with each request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
-    pub token: u64,
+    pub token: Token,
     pub issuer: String,
 }
 
@@ -41,8 +43,8 @@ pub enum GatewayError {
     /// 409 `stale_token`: the page's fence is higher than the token offered.
     #[error("409 stale_token: offered token {offered:?}, page fence {current:?}: {message}")]
     StaleToken {
-        offered: Option<u64>,
-        current: Option<u64>,
+        offered: Option<Token>,
+        current: Option<Token>,
         message: String,
     },
     /// 409 `issuer_mismatch`: the page is fenced by another lock service.
@@ -224,11 +226,11 @@ fn error_code(text: &str) -> Option<String> {
 }
 
 /// The first of `keys` holding a number (or an object with a `token`).
-fn number_at(v: &Value, keys: &[&str]) -> Option<u64> {
+fn number_at(v: &Value, keys: &[&str]) -> Option<Token> {
     keys.iter().find_map(|k| match v.get(*k)? {
-        Value::Number(n) => n.as_u64(),
+        Value::Number(n) => n.as_u64().and_then(Token::new),
         Value::String(s) => s.parse().ok(),
-        Value::Object(o) => o.get("token").and_then(Value::as_u64),
+        Value::Object(o) => o.get("token").and_then(Value::as_u64).and_then(Token::new),
         _ => None,
     })
 }
@@ -285,8 +287,8 @@ mod tests {
         assert_eq!(
             err,
             GatewayError::StaleToken {
-                offered: Some(3),
-                current: Some(5),
+                offered: Token::new(3),
+                current: Token::new(5),
                 message: "token 3 is older than 5".into()
             }
         );

@@ -68,8 +68,8 @@ pub struct Config {
 
     /// `on`: send the lease's token with every read and write; `off`: send none
     /// (the demonstration of what goes wrong without fencing).
-    #[arg(long, env = "WORKER_FENCING", value_enum, default_value_t = FencingMode::On)]
-    pub fencing: FencingMode,
+    #[arg(long, env = "WORKER_FENCING", value_enum, default_value_t = SendTokens::On)]
+    pub fencing: SendTokens,
 
     /// Also send If-Match with the version read (optimistic concurrency). Off by
     /// default so that the fencing demo is not silently rescued by version checks.
@@ -108,7 +108,7 @@ impl Backend {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FencingMode {
+pub enum SendTokens {
     On,
     Off,
 }
@@ -158,7 +158,7 @@ impl Config {
             Backend::Redis if self.redis_url.is_none() => {
                 return Err(missing("--redis-url / REDIS_URL"))
             }
-            Backend::Redlock if self.fencing == FencingMode::On => {
+            Backend::Redlock if self.fencing == SendTokens::On => {
                 return Err(ConfigError::RedlockNeedsFencingOff)
             }
             Backend::Redlock if self.redlock_urls.iter().all(|u| u.trim().is_empty()) => {
@@ -204,13 +204,9 @@ impl Config {
 
     /// The client id: the flag, or `<hostname>-<pid>`.
     pub fn client_id(&self) -> String {
-        self.client_id.clone().unwrap_or_else(|| {
-            let host = hostname::get()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .unwrap_or_else(|| "worker".into());
-            format!("{host}-{}", std::process::id())
-        })
+        self.client_id
+            .clone()
+            .unwrap_or_else(fencelock::default_client_id)
     }
 
     /// The lock guarding the page.
@@ -219,7 +215,7 @@ impl Config {
     }
 
     pub fn fenced(&self) -> bool {
-        self.fencing == FencingMode::On
+        self.fencing == SendTokens::On
     }
 
     /// How many edits to attempt; `None` = unbounded.
@@ -249,7 +245,7 @@ mod tests {
         ]);
         assert_eq!(c.validate(), Err(ConfigError::RedlockNeedsFencingOff));
         let c = Config {
-            fencing: FencingMode::Off,
+            fencing: SendTokens::Off,
             ..c
         };
         assert_eq!(c.validate(), Ok(()));
@@ -304,7 +300,7 @@ mod tests {
         assert_eq!(c.ttl, Duration::from_secs(2));
         assert_eq!(c.wait, Duration::from_secs(30));
         assert_eq!(c.work_ms, 100);
-        assert_eq!(c.fencing, FencingMode::On);
+        assert_eq!(c.fencing, SendTokens::On);
         assert_eq!(c.events, EventsMode::None);
         assert!(!c.if_match);
         assert_eq!(c.edit_limit(), None);

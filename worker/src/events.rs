@@ -6,6 +6,7 @@
 //! an edit, `edit` (its number). Lines are flushed one by one, so a reader that
 //! SIGSTOPs the worker at an event has really seen it.
 
+use fencelock::Token;
 use std::io::Write;
 use std::sync::Mutex;
 
@@ -31,13 +32,16 @@ pub enum Stage {
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
     /// The page's lock was granted.
-    Acquired { token: Option<u64>, issuer: String },
+    Acquired {
+        token: Option<Token>,
+        issuer: String,
+    },
     /// The page was read (version 0: it does not exist yet).
     Read { version: u64 },
     /// After the lost-lock check, immediately before the PUT is sent (and
     /// again before each retry of a PUT that failed transiently).
     Writing {
-        token: Option<u64>,
+        token: Option<Token>,
         /// Whether the token is sent (`--fencing on`).
         fenced: bool,
         line: String,
@@ -46,15 +50,15 @@ pub enum Event {
     Wrote {
         status: u16,
         version: u64,
-        token: Option<u64>,
+        token: Option<Token>,
         line: String,
     },
     /// The gateway refused the read or write (stale token, wrong issuer, version).
     Rejected {
         status: u16,
         error: String,
-        token: Option<u64>,
-        current: Option<u64>,
+        token: Option<Token>,
+        current: Option<Token>,
         during: Stage,
         message: String,
     },
@@ -161,7 +165,7 @@ impl EventSink {
     }
 }
 
-fn token_text(token: Option<u64>) -> String {
+fn token_text(token: Option<Token>) -> String {
     token.map_or_else(|| "none".into(), |t| t.to_string())
 }
 
@@ -251,7 +255,7 @@ mod tests {
         sink.emit(
             Some(3),
             Event::Acquired {
-                token: Some(7),
+                token: Token::new(7),
                 issuer: "redis".into(),
             },
         );

@@ -1,10 +1,10 @@
-//! Lock backends with fencing tokens, and the page-editing workload on top.
+//! The page-editing workload: edit a page through the gateway under a lock
+//! from the lock library ([`fencelock`], in `locks/`), sending the grant's
+//! fencing token with every read and write.
 //!
 //! # Layout
-//! - [`lock`]: the lock API ([`lock::LockService`], [`lock::Lease`],
-//!   [`lock::Fencing`], [`lock::LockError`]) and one module per backend.
 //! - [`config`]: the `worker` binary's command line (clap, env fallbacks).
-//! - [`backend`]: from `--backend` to a running [`lock::LockService`].
+//! - [`backend`]: from `--backend` to a running [`fencelock::LockService`].
 //! - [`client`]: the gateway's HTTP API (fenced GET/PUT, typed errors).
 //! - [`workload`]: the edit loop ([`run`]): acquire, read, append, work,
 //!   lost-lock check, write, release.
@@ -14,7 +14,6 @@ pub mod backend;
 pub mod client;
 pub mod config;
 pub mod events;
-pub mod lock;
 pub mod workload;
 
 pub use workload::run;

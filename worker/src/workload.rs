@@ -30,7 +30,7 @@ use crate::backend::{self, BackendError};
 use crate::client::{Fence, GatewayClient, GatewayError};
 use crate::config::{Config, ConfigError, StopAt};
 use crate::events::{Event, EventSink, Stage, Summary};
-use crate::lock::{Lease, LockError, LockService};
+use fencelock::{Lease, LockError, LockService, Token};
 
 /// How long an acquisition in flight at shutdown may still finish, so that a
 /// grant it obtained is released instead of left to expire.
@@ -250,8 +250,8 @@ impl Workload {
                 Ok(lease) => {
                     if self.config.fenced() && lease.token().is_none() {
                         let reason = match lease.fencing() {
-                            crate::lock::Fencing::Unfenced { reason } => reason.to_string(),
-                            crate::lock::Fencing::Token(_) => String::new(),
+                            fencelock::Fencing::Unfenced { reason } => reason.to_string(),
+                            fencelock::Fencing::Token(_) => String::new(),
                         };
                         let issuer = lease.issuer().to_string();
                         let _ = lease.release().await;
@@ -427,7 +427,7 @@ impl Workload {
             "write"
         };
         let (status, code) = e.status_and_code();
-        let show = |t: Option<u64>| t.map_or_else(|| "?".to_string(), |t| t.to_string());
+        let show = |t: Option<Token>| t.map_or_else(|| "?".to_string(), |t| t.to_string());
         let (token, current, message, outcome) = match &e {
             GatewayError::StaleToken {
                 offered, current, ..

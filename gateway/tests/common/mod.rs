@@ -1,7 +1,7 @@
 //! Shared helpers: a gateway on a fresh database and a small HTTP client.
 #![allow(dead_code)]
 
-use gateway::{Fencing, RunningGateway};
+use gateway::{FenceCheck, RunningGateway};
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -117,7 +117,7 @@ impl Api {
 }
 
 /// A gateway on a fresh database of the shared test server.
-pub async fn gateway(fencing: Fencing) -> (RunningGateway, Api, String) {
+pub async fn gateway(fencing: FenceCheck) -> (RunningGateway, Api, String) {
     let url = harness::fresh_database().await;
     let gw = gateway::spawn(&url, fencing).await.expect("spawn gateway");
     let api = Api::new(gw.url());

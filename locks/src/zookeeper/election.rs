@@ -13,13 +13,8 @@
 
 use std::time::Duration;
 
-use zookeeper_client as zk;
-
-use super::{
-    escape_name, node_name, retry, sequence_of, zk_error, ZooKeeperLock, ELECTIONS_ROOT, FAIR_NODE,
-    NON_FAIR_NODE,
-};
-use crate::lock::{AcquireOptions, Lease, LockError, LostSignal};
+use super::{escape_name, recipe, ZooKeeperLock, ELECTIONS_ROOT};
+use crate::{AcquireOptions, Lease, LockError, LostSignal, Token};
 
 /// One election (one name) on a [`ZooKeeperLock`]'s session.
 #[derive(Clone)]
@@ -32,7 +27,8 @@ pub struct Election {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leader {
     pub candidate: String,
-    pub epoch: u64,
+    /// The leader's node's creation zxid: its fencing token.
+    pub epoch: Token,
 }
 
 impl ZooKeeperLock {
@@ -85,40 +81,14 @@ impl Election {
     pub async fn leader(&self) -> Result<Option<Leader>, LockError> {
         let client = self.lock.client().await?;
         let parent = format!("{ELECTIONS_ROOT}/{}", escape_name(&self.name)?);
-        let path = if self.lock.is_fair() {
-            let children = match retry(|| client.list_children(&parent)).await {
-                Ok(c) => c,
-                Err(zk::Error::NoNode) => return Ok(None),
-                Err(e) => return Err(zk_error(e)),
-            };
-            let lowest = children
-                .iter()
-                .filter(|c| c.starts_with("_c_") && c.contains(FAIR_NODE))
-                .filter_map(|c| sequence_of(c).map(|s| (s, c)))
-                .min();
-            match lowest {
-                Some((_, c)) => format!("{parent}/{c}"),
-                None => return Ok(None),
-            }
-        } else {
-            format!("{parent}/{NON_FAIR_NODE}")
+        let Some((candidate, czxid)) =
+            recipe::head_of(&client, &parent, self.lock.is_fair()).await?
+        else {
+            return Ok(None);
         };
-        match retry(|| client.get_data(&path)).await {
-            Ok((data, stat)) => {
-                let text = String::from_utf8_lossy(&data);
-                // Node data is "<guid>\n<candidate>".
-                let candidate = text.split_once('\n').map_or(&*text, |(_, c)| c).to_string();
-                Ok(Some(Leader {
-                    candidate,
-                    epoch: stat.czxid as u64,
-                }))
-            }
-            Err(zk::Error::NoNode) => {
-                tracing::debug!(node = node_name(&path), "leader node went while reading it");
-                Ok(None)
-            }
-            Err(e) => Err(zk_error(e)),
-        }
+        let epoch = Token::try_from(czxid)
+            .map_err(|e| LockError::protocol(super::ISSUER, format!("czxid {czxid}: {e}")))?;
+        Ok(Some(Leader { candidate, epoch }))
     }
 }
 
@@ -132,7 +102,7 @@ pub struct Leadership {
 
 impl Leadership {
     /// The leader's fencing token: its node's creation zxid.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> Token {
         self.lease
             .token()
             .expect("zookeeper grants always carry a token")

@@ -44,7 +44,7 @@
 //! timeout `T`, counted from the last request it received. So a successful round
 //! trip sent at `t` proves the session (and the node, which we check is still
 //! ours) survives until at least `t + T`. The lease is trusted for `min(ttl,
-//! 3/4 T)` from the last such proof ([`ZkGrant::renew`] is an `exists` of our
+//! 3/4 T)` from the last such proof (the renewal is an `exists` of our
 //! node), so the holder stops trusting it a quarter of `T` before the server
 //! can possibly expire it. A process frozen (SIGSTOP, GC) past that learns it
 //! on its first [`Lease::is_lost`] after it resumes, from the deadline alone.
@@ -54,6 +54,13 @@
 //! token. Session expiry (or the client being closed) is: the client's state
 //! watcher sees it and fires the lease's lost signal. The next acquire on the
 //! same [`ZooKeeperLock`] opens a new session.
+//!
+//! # Who holds it
+//! The node's data is `<guid>\n<client id>`, so a storage can ask who holds a
+//! lock ([`HolderLookup`]): the head of the queue, its data and its czxid. That
+//! read is preceded by a `sync` (pipelined with it), so that a storage whose
+//! session is on a lagging follower still sees a grant made through the
+//! leader a moment ago.
 //!
 //! # Cancellation
 //! Dropping an acquire future midway never leaves a node that blocks others:
@@ -67,8 +74,10 @@
 //! clone of the client is dropped).
 
 pub mod election;
+mod path;
+mod recipe;
+mod session;
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,9 +88,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-use super::{
-    lost_channel, AcquireOptions, Fencing, Grant, Lease, LockError, LockService, LostTrigger,
-    NewLease,
+pub use path::escape_name;
+use recipe::Held;
+use session::{new_session, spawn_cleanup, watch_session, zk_error, Pending};
+
+use crate::{
+    default_client_id, lost_channel, validate_client_id, AcquireOptions, Fencing, Grant, Holder,
+    HolderLookup, Lease, LockError, LockService, NewLease, Token,
 };
 
 /// The `Fencing-Issuer` of every ZooKeeper grant.
@@ -91,22 +104,13 @@ pub const LOCKS_ROOT: &str = "/fencing/locks";
 /// Where election nodes live: `/fencing/elections/<escaped name>/...`.
 pub const ELECTIONS_ROOT: &str = "/fencing/elections";
 
-/// Curator's node name for `InterProcessMutex` (`_c_<guid>-lock-<seq>`).
-const FAIR_NODE: &str = "lock-";
-/// The single node of the non-fair variant.
-const NON_FAIR_NODE: &str = "lock";
-/// Longest lock name accepted (before escaping).
-const MAX_NAME: usize = 200;
-/// How many times an operation is retried after a connection loss (100 ms
-/// apart): enough to ride out a leader election of a few seconds.
-const CONNECTION_LOSS_RETRIES: u32 = 60;
-
 /// The ZooKeeper lock service: one session shared by every acquire on it.
 /// Cheap to clone; clones share the session and the counters.
 #[derive(Clone)]
 pub struct ZooKeeperLock {
     inner: Arc<Inner>,
     fair: bool,
+    client_id: Arc<str>,
 }
 
 struct Inner {
@@ -140,7 +144,17 @@ impl ZooKeeperLock {
                 parked: AtomicU64::new(0),
             }),
             fair: true,
+            client_id: default_client_id().into(),
         })
+    }
+
+    /// Record `id` as this client's id in the data of every lock node (see
+    /// [`LockService::client_id`]).
+    pub fn with_client_id(mut self, id: impl Into<String>) -> Result<Self, LockError> {
+        let id = id.into();
+        validate_client_id(&id)?;
+        self.client_id = id.into();
+        Ok(self)
     }
 
     /// The naive variant: one plain ephemeral node that every waiter watches.
@@ -263,209 +277,20 @@ impl ZooKeeperLock {
         });
         cleanup.disarm();
         tracing::Span::current().record("token", czxid);
+        let token = Token::try_from(czxid)
+            .map_err(|e| LockError::protocol(ISSUER, format!("czxid {czxid}: {e}")))?;
         Ok(Lease::new(NewLease {
             name: name.to_string(),
             issuer: ISSUER.to_string(),
-            fencing: Fencing::Token(czxid as u64),
-            // The watchdog renews at a third of this, so it must not exceed
-            // what one round trip can prove.
-            ttl: Self::validity_for(opts.ttl, session_timeout),
+            client_id: id.to_string(),
+            fencing: Fencing::Token(token),
+            ttl: opts.ttl,
             requested_at: proven_at,
             validity: Some(Self::validity_for(opts.ttl, session_timeout)),
             auto_renew: opts.auto_renew,
             grant,
             lost_trigger: Some(trigger),
         }))
-    }
-
-    /// The fair recipe: create our sequential node, then wait until it is the
-    /// lowest, watching only the node just before ours.
-    #[allow(clippy::too_many_arguments)]
-    async fn wait_fair(
-        &self,
-        client: &zk::Client,
-        root: &str,
-        parent: &str,
-        guid: uuid::Uuid,
-        data: &[u8],
-        name: &str,
-        start: Instant,
-        deadline: Option<Instant>,
-    ) -> Result<Held, LockError> {
-        let guid_prefix = format!("_c_{guid}-");
-        let mut cleanup = Cleanup::new(
-            client.clone(),
-            Pending::FairCreating {
-                parent: parent.to_string(),
-                guid_prefix: guid_prefix.clone(),
-            },
-        );
-        let prefix = format!("{parent}/{guid_prefix}{FAIR_NODE}");
-        // Pipelined: the getChildren is sent right behind the create, before
-        // its answer. ZooKeeper answers one session's requests in order, so
-        // the listing already holds our node (found by its GUID): an
-        // uncontended acquire costs one round trip, not two.
-        let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-        let listed_at = Instant::now();
-        let (created, listed) = tokio::join!(
-            client.create(&prefix, data, &mode),
-            client.list_children(parent)
-        );
-        let created_at_once = created.is_ok();
-        let (path, stat) =
-            create_protected(client, root, parent, &prefix, &guid_prefix, data, created).await?;
-        cleanup.pending = Pending::Created(path.clone());
-        let ours = node_name(&path).to_string();
-        let our_seq = sequence_of(&ours).ok_or_else(|| {
-            LockError::protocol(
-                ISSUER,
-                format!("created node {path} has no sequence suffix"),
-            )
-        })?;
-        let mut first = match listed {
-            Ok(children) if created_at_once => Some(children),
-            _ => None,
-        };
-        loop {
-            let (sent, children) = match first.take() {
-                Some(children) => (listed_at, children),
-                None => {
-                    let sent = Instant::now();
-                    let children = retry(|| client.list_children(parent))
-                        .await
-                        .map_err(zk_error)?;
-                    (sent, children)
-                }
-            };
-            let mut queue: Vec<(i64, &str)> = children
-                .iter()
-                .filter(|c| c.starts_with("_c_") && c.contains(FAIR_NODE))
-                .filter_map(|c| sequence_of(c).map(|s| (s, c.as_str())))
-                .collect();
-            queue.sort_unstable();
-            let Some(pos) = queue.iter().position(|(s, c)| *s == our_seq && *c == ours) else {
-                return Err(LockError::NotHeld {
-                    name: name.to_string(),
-                    reason: format!(
-                        "our lock node {path} vanished while waiting (session expired?)"
-                    ),
-                });
-            };
-            if pos == 0 {
-                return Ok(Held {
-                    path,
-                    czxid: stat.czxid,
-                    proven_at: sent,
-                    cleanup,
-                });
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                cleanup.delete_now().await;
-                return Err(timeout(name, start));
-            }
-            let predecessor = format!("{parent}/{}", queue[pos - 1].1);
-            let (exists, watcher) = retry(|| client.check_and_watch_stat(&predecessor))
-                .await
-                .map_err(zk_error)?;
-            if exists.is_none() {
-                continue;
-            }
-            match self.park(watcher, deadline).await {
-                Some(event) => session_still_alive(&event)?,
-                None => {
-                    cleanup.delete_now().await;
-                    return Err(timeout(name, start));
-                }
-            }
-        }
-    }
-
-    /// The non-fair recipe: try to create the one node; if it exists, watch it
-    /// and try again when it changes. Everybody watches the same node.
-    #[allow(clippy::too_many_arguments)]
-    async fn wait_non_fair(
-        &self,
-        client: &zk::Client,
-        root: &str,
-        parent: &str,
-        data: &[u8],
-        name: &str,
-        start: Instant,
-        deadline: Option<Instant>,
-    ) -> Result<Held, LockError> {
-        let path = format!("{parent}/{NON_FAIR_NODE}");
-        let mut cleanup = Cleanup::new(
-            client.clone(),
-            Pending::NonFairCreating {
-                path: path.clone(),
-                data: data.to_vec(),
-            },
-        );
-        let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
-        loop {
-            let sent = Instant::now();
-            match client.create(&path, data, &ephemeral).await {
-                Ok((stat, _)) => {
-                    cleanup.pending = Pending::Created(path.clone());
-                    return Ok(Held {
-                        path,
-                        czxid: stat.czxid,
-                        proven_at: sent,
-                        cleanup,
-                    });
-                }
-                Err(zk::Error::NodeExists) => {}
-                Err(zk::Error::NoNode) => {
-                    ensure_parent(client, root, parent).await?;
-                    continue;
-                }
-                Err(zk::Error::ConnectionLoss) => {
-                    // Protected mode for the single node: the data carries our GUID.
-                    match retry(|| client.get_data(&path)).await {
-                        Ok((stored, stat)) if stored == data => {
-                            cleanup.pending = Pending::Created(path.clone());
-                            return Ok(Held {
-                                path,
-                                czxid: stat.czxid,
-                                proven_at: sent,
-                                cleanup,
-                            });
-                        }
-                        Ok(_) | Err(zk::Error::NoNode) => continue,
-                        Err(e) => return Err(zk_error(e)),
-                    }
-                }
-                Err(e) => return Err(zk_error(e)),
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(timeout(name, start));
-            }
-            let (exists, watcher) = retry(|| client.check_and_watch_stat(&path))
-                .await
-                .map_err(zk_error)?;
-            if exists.is_none() {
-                continue;
-            }
-            match self.park(watcher, deadline).await {
-                Some(event) => session_still_alive(&event)?,
-                None => return Err(timeout(name, start)),
-            }
-        }
-    }
-
-    /// Wait for a watch to fire, up to `deadline`. `None` on timeout.
-    async fn park(
-        &self,
-        watcher: zk::OneshotWatcher,
-        deadline: Option<Instant>,
-    ) -> Option<zk::WatchedEvent> {
-        let _parked = Parked::new(&self.inner.parked);
-        let event = match deadline {
-            Some(d) => tokio::time::timeout_at(d, watcher.changed()).await.ok()?,
-            None => watcher.changed().await,
-        };
-        self.inner.wakeups.fetch_add(1, Ordering::SeqCst);
-        Some(event)
     }
 }
 
@@ -481,35 +306,39 @@ impl LockService for ZooKeeperLock {
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
         Box::pin(async move {
             opts.validate(name)?;
-            let id = format!("pid {}", std::process::id());
-            self.acquire_node(LOCKS_ROOT, name, opts, Some(opts.wait), &id)
+            self.acquire_node(LOCKS_ROOT, name, opts, Some(opts.wait), &self.client_id)
                 .await
         })
     }
-}
 
-/// A lock node we hold, and what proves it.
-struct Held {
-    path: String,
-    czxid: i64,
-    /// When the last round trip that showed us the holder was sent.
-    proven_at: Instant,
-    cleanup: Cleanup,
-}
-
-/// Counts a waiter parked on a watch, also when its future is dropped.
-struct Parked<'a>(&'a AtomicU64);
-
-impl<'a> Parked<'a> {
-    fn new(counter: &'a AtomicU64) -> Self {
-        counter.fetch_add(1, Ordering::SeqCst);
-        Self(counter)
+    fn client_id(&self) -> &str {
+        &self.client_id
     }
 }
 
-impl Drop for Parked<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+impl HolderLookup for ZooKeeperLock {
+    fn issuer(&self) -> &str {
+        ISSUER
+    }
+
+    /// `sync`, then the head of the lock's queue and its data: the holder's
+    /// client id and czxid. Looks at the queue of this service's kind (fair
+    /// or not).
+    fn current_holder<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
+        Box::pin(async move {
+            let parent = format!("{LOCKS_ROOT}/{}", escape_name(name)?);
+            let client = self.client().await?;
+            let Some((client_id, czxid)) = recipe::head_of(&client, &parent, self.fair).await?
+            else {
+                return Ok(None);
+            };
+            let token = Token::try_from(czxid)
+                .map_err(|e| LockError::protocol(ISSUER, format!("czxid {czxid}: {e}")))?;
+            Ok(Some(Holder { client_id, token }))
+        })
     }
 }
 
@@ -602,341 +431,9 @@ impl Drop for ZkGrant {
     }
 }
 
-/// Fire the lost signal when the session ends. A disconnect is not a loss:
-/// the session (and our node) survive until the session timeout, and the
-/// lease's deadline already bounds how long we trust it without an answer.
-async fn watch_session(
-    client: zk::Client,
-    name: String,
-    trigger: LostTrigger,
-    stop: CancellationToken,
-) {
-    let state = client.state();
-    if state.is_terminated() {
-        trigger.fire(format!("zookeeper session {state:?}"));
-        return;
-    }
-    let mut states = client.state_watcher();
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            state = states.changed() => {
-                if state.is_terminated() {
-                    tracing::warn!(lock = %name, ?state, "zookeeper session ended; lock lost");
-                    trigger.fire(format!(
-                        "zookeeper session {state:?}: the ephemeral lock node is gone"
-                    ));
-                    return;
-                }
-                tracing::debug!(lock = %name, ?state, "zookeeper session state");
-            }
-        }
-    }
-}
-
-/// What a dropped acquire leaves behind and must delete.
-enum Pending {
-    Nothing,
-    /// A fair create was sent; its node (if any) carries this GUID prefix.
-    FairCreating {
-        parent: String,
-        guid_prefix: String,
-    },
-    /// A non-fair create was sent; the node is ours if its data is ours.
-    NonFairCreating {
-        path: String,
-        data: Vec<u8>,
-    },
-    /// This node is ours.
-    Created(String),
-}
-
-/// Deletes what [`Pending`] names when dropped before [`Cleanup::disarm`].
-struct Cleanup {
-    client: zk::Client,
-    pending: Pending,
-}
-
-impl Cleanup {
-    fn new(client: zk::Client, pending: Pending) -> Self {
-        Self { client, pending }
-    }
-
-    fn disarm(&mut self) {
-        self.pending = Pending::Nothing;
-    }
-
-    /// Delete now and wait for it (used on timeout, so the next waiter's
-    /// predecessor watch fires before we report the timeout).
-    async fn delete_now(&mut self) {
-        let pending = std::mem::replace(&mut self.pending, Pending::Nothing);
-        clean(&self.client, pending).await;
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let pending = std::mem::replace(&mut self.pending, Pending::Nothing);
-        spawn_cleanup(self.client.clone(), pending);
-    }
-}
-
-fn spawn_cleanup(client: zk::Client, pending: Pending) {
-    if matches!(pending, Pending::Nothing) {
-        return;
-    }
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn(async move { clean(&client, pending).await });
-        }
-        Err(_) => tracing::warn!(
-            "no tokio runtime to delete an abandoned zookeeper lock node; it goes with the session"
-        ),
-    }
-}
-
-async fn clean(client: &zk::Client, pending: Pending) {
-    let path = match pending {
-        Pending::Nothing => return,
-        Pending::Created(path) => Some(path),
-        Pending::FairCreating {
-            parent,
-            guid_prefix,
-        } => match retry(|| client.list_children(&parent)).await {
-            Ok(children) => children
-                .into_iter()
-                .find(|c| c.starts_with(&guid_prefix))
-                .map(|c| format!("{parent}/{c}")),
-            Err(_) => None,
-        },
-        Pending::NonFairCreating { path, data } => match retry(|| client.get_data(&path)).await {
-            Ok((stored, _)) if stored == data => Some(path),
-            _ => None,
-        },
-    };
-    if let Some(path) = path {
-        match retry_while_session_lives(client, || client.delete(&path, None)).await {
-            Ok(()) | Err(zk::Error::NoNode) => {
-                tracing::debug!(%path, "abandoned lock node deleted")
-            }
-            Err(e) => tracing::debug!(%path, "could not delete abandoned lock node: {e}"),
-        }
-    }
-}
-
-/// Create our sequential node; after a connection loss, find it by GUID
-/// instead of creating a second one (Curator's protected mode).
-async fn create_protected(
-    client: &zk::Client,
-    root: &str,
-    parent: &str,
-    prefix: &str,
-    guid_prefix: &str,
-    data: &[u8],
-    first_attempt: Result<(zk::Stat, zk::CreateSequence), zk::Error>,
-) -> Result<(String, zk::Stat), LockError> {
-    let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-    let mut attempt = first_attempt;
-    for _ in 0..CONNECTION_LOSS_RETRIES {
-        match attempt {
-            Ok((stat, seq)) => return Ok((format!("{prefix}{seq}"), stat)),
-            Err(zk::Error::NoNode) => ensure_parent(client, root, parent).await?,
-            Err(zk::Error::ConnectionLoss) => {
-                let children = retry(|| client.list_children(parent))
-                    .await
-                    .map_err(zk_error)?;
-                if let Some(child) = children.into_iter().find(|c| c.starts_with(guid_prefix)) {
-                    let path = format!("{parent}/{child}");
-                    let (_, stat) = retry(|| client.get_data(&path)).await.map_err(zk_error)?;
-                    return Ok((path, stat));
-                }
-            }
-            Err(e) => return Err(zk_error(e)),
-        }
-        attempt = client.create(prefix, data, &mode).await;
-    }
-    Err(LockError::unavailable(
-        ISSUER,
-        "create kept failing with connection loss",
-    ))
-}
-
-/// `root` as persistent nodes, then the lock's parent as a CONTAINER node
-/// (ZooKeeper deletes it once it is empty, so idle locks leave nothing behind).
-async fn ensure_parent(client: &zk::Client, root: &str, parent: &str) -> Result<(), LockError> {
-    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    retry(|| client.mkdir(root, &persistent))
-        .await
-        .map_err(zk_error)?;
-    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-    match retry(|| client.create(parent, &[], &container)).await {
-        Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-        Err(e) => Err(zk_error(e)),
-    }
-}
-
-/// Retry `op` after connection losses (a server died; the client moves to
-/// another one and keeps the session).
-async fn retry<T, F, Fut>(mut op: F) -> Result<T, zk::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, zk::Error>>,
-{
-    let mut tries = 0;
-    loop {
-        match op().await {
-            Err(zk::Error::ConnectionLoss) if tries < CONNECTION_LOSS_RETRIES => {
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            result => return result,
-        }
-    }
-}
-
-/// Retry `op` through connection losses for as long as the session can still
-/// be alive (bounded at two minutes): an abandoned node must not outlive a
-/// server restart shorter than the session timeout. Once the session has
-/// ended, the ephemeral node is gone anyway.
-async fn retry_while_session_lives<T, F, Fut>(
-    client: &zk::Client,
-    mut op: F,
-) -> Result<T, zk::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, zk::Error>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut delay = Duration::from_millis(50);
-    loop {
-        match op().await {
-            Err(zk::Error::ConnectionLoss)
-                if Instant::now() < deadline && !client.state().is_terminated() =>
-            {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-            result => return result,
-        }
-    }
-}
-
-/// A watch woken by the end of the session means our node is gone.
-fn session_still_alive(event: &zk::WatchedEvent) -> Result<(), LockError> {
-    if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
-        return Err(LockError::unavailable(
-            ISSUER,
-            format!("zookeeper session {:?} while waiting", event.session_state),
-        ));
-    }
-    Ok(())
-}
-
-fn timeout(name: &str, start: Instant) -> LockError {
-    LockError::Timeout {
-        name: name.to_string(),
-        waited: start.elapsed(),
-    }
-}
-
-async fn new_session(
-    connect_string: &str,
-    session_timeout: Duration,
-) -> Result<zk::Client, LockError> {
-    if connect_string.trim().is_empty() {
-        return Err(LockError::InvalidConfig(
-            "zookeeper connect string is empty".into(),
-        ));
-    }
-    zk::Client::connector()
-        .with_session_timeout(session_timeout)
-        .with_fail_eagerly()
-        .connect(connect_string)
-        .await
-        .map_err(|e| match e {
-            zk::Error::BadArguments(_) => LockError::InvalidConfig(format!(
-                "bad zookeeper connect string {connect_string:?}: {e}"
-            )),
-            e => LockError::unavailable(ISSUER, format!("{connect_string}: {e}")),
-        })
-}
-
-fn zk_error(e: zk::Error) -> LockError {
-    match e {
-        zk::Error::BadArguments(_) | zk::Error::InvalidAcl | zk::Error::NoAuth => {
-            LockError::InvalidConfig(format!("zookeeper refused the request: {e}"))
-        }
-        zk::Error::UnexpectedError(_)
-        | zk::Error::UnexpectedErrorCode(_)
-        | zk::Error::UnmarshalError { .. }
-        | zk::Error::MarshallingError
-        | zk::Error::Unimplemented => LockError::protocol(ISSUER, e),
-        e => LockError::unavailable(ISSUER, e),
-    }
-}
-
-/// The last path segment.
-fn node_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
-
-/// The sequence suffix of a fair lock node (`...-lock-0000000042`).
-fn sequence_of(node: &str) -> Option<i64> {
-    let (_, seq) = node.rsplit_once(FAIR_NODE)?;
-    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
-        return None;
-    }
-    seq.parse().ok()
-}
-
-/// A lock name as one ZooKeeper path segment: `[A-Za-z0-9_-]` kept, every
-/// other byte written `%XX`. Injective, so two names never share a node, and
-/// never `.`/`..` or a `/`.
-pub fn escape_name(name: &str) -> Result<String, LockError> {
-    if name.is_empty() {
-        return Err(LockError::InvalidConfig("lock name is empty".into()));
-    }
-    if name.len() > MAX_NAME {
-        return Err(LockError::InvalidConfig(format!(
-            "lock name is {} bytes; at most {MAX_NAME}",
-            name.len()
-        )));
-    }
-    let mut out = String::with_capacity(name.len());
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_become_one_safe_segment() {
-        assert_eq!(escape_name("page-1").unwrap(), "page-1");
-        assert_eq!(escape_name("a/b").unwrap(), "a%2Fb");
-        assert_eq!(escape_name("..").unwrap(), "%2E%2E");
-        assert_eq!(escape_name("%2F").unwrap(), "%252F");
-        assert_eq!(escape_name("é").unwrap(), "%C3%A9");
-        assert!(matches!(escape_name(""), Err(LockError::InvalidConfig(_))));
-        assert!(matches!(
-            escape_name(&"x".repeat(201)),
-            Err(LockError::InvalidConfig(_))
-        ));
-    }
-
-    #[test]
-    fn sequence_suffix_is_parsed_from_curator_names() {
-        assert_eq!(sequence_of("_c_0b5e-lock-0000000042"), Some(42));
-        assert_eq!(sequence_of("_c_x-lock-"), None);
-        assert_eq!(sequence_of("other"), None);
-    }
 
     #[test]
     fn validity_stays_below_the_session_timeout() {

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fencelock::{AcquireOptions, Holder, HolderLookup, LockError, LockService};
 use tokio::time::Instant;
-use worker::lock::{AcquireOptions, LockError, LockService};
 
 /// Many tasks, many acquisitions of one lock: never two holders at once.
 ///
@@ -46,7 +46,7 @@ pub async fn mutual_exclusion_under_contention(
                 tokio::task::yield_now().await;
                 counter.store(seen + 1, Ordering::SeqCst);
                 in_use.store(false, Ordering::SeqCst);
-                let token = lease.token().expect("fenced backend");
+                let token = lease.token().expect("fenced backend").get();
                 let end = Instant::now();
                 holds.lock().unwrap().push((token, start, end));
                 lease.release().await.expect("release own lease");
@@ -80,7 +80,7 @@ pub async fn tokens_strictly_increase(svc: &dyn LockService, name: &str, grants:
             .acquire(name, Duration::from_secs(5), Duration::ZERO)
             .await
             .expect("uncontended acquire");
-        let token = lease.token().expect("fenced backend");
+        let token = lease.token().expect("fenced backend").get();
         assert!(token > last, "token {token} after {last}");
         last = token;
         lease.release().await.expect("release");
@@ -128,7 +128,7 @@ pub async fn expiry_lets_next_holder_in_with_higher_token(
         .acquire_with(name, AcquireOptions::new(ttl).auto_renew(false))
         .await
         .expect("first acquire");
-    let t1 = first.token().unwrap();
+    let t1 = first.token().unwrap().get();
     let started = Instant::now();
     let second = svc
         .acquire(name, Duration::from_secs(5), ttl * 10)
@@ -139,7 +139,7 @@ pub async fn expiry_lets_next_holder_in_with_higher_token(
         "granted after {:?}, before the first lease could have expired",
         started.elapsed()
     );
-    assert!(second.token().unwrap() > t1);
+    assert!(second.token().unwrap().get() > t1);
     assert!(first.is_lost());
     second.release().await.expect("release");
     drop(first);
@@ -210,4 +210,69 @@ pub async fn lost_signal_fires_within(
         .unwrap_or_else(|_| panic!("lost signal did not fire within {bound:?} of the kill"));
     assert!(lease.is_lost());
     eprintln!("lost after {:?}: {reason}", killed.elapsed());
+}
+
+/// Who holds the lock, as the service itself answers a third party: nobody,
+/// then exactly the grant's client and token, then nobody after the release;
+/// with `expires`, also nobody once a lease that was not renewed lapsed.
+/// `svc` must have been built with client id `client`.
+pub async fn holder_lookup_names_the_client_and_token(
+    svc: &dyn LockService,
+    lookup: &dyn HolderLookup,
+    client: &str,
+    name: &str,
+    expires: bool,
+) {
+    assert_eq!(lookup.issuer(), svc.issuer());
+    assert_eq!(svc.client_id(), client);
+    assert_eq!(lookup.current_holder(name).await.unwrap(), None);
+
+    let lease = svc
+        .acquire(name, Duration::from_secs(10), Duration::ZERO)
+        .await
+        .expect("acquire");
+    assert_eq!(lease.client_id(), client);
+    let token = lease.token().expect("fenced backend");
+    assert_eq!(
+        lookup.current_holder(name).await.unwrap(),
+        Some(Holder {
+            client_id: client.to_string(),
+            token
+        })
+    );
+    lease.release().await.expect("release");
+    assert_eq!(lookup.current_holder(name).await.unwrap(), None);
+
+    if expires {
+        let ttl = Duration::from_millis(300);
+        let lease = svc
+            .acquire_with(name, AcquireOptions::new(ttl).auto_renew(false))
+            .await
+            .expect("acquire");
+        assert!(lookup.current_holder(name).await.unwrap().is_some());
+        tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+        assert_eq!(
+            lookup.current_holder(name).await.unwrap(),
+            None,
+            "a lapsed lease still reported as held"
+        );
+        drop(lease);
+    }
+}
+
+/// Dropping a lease releases it in the background: another client gets the
+/// lock long before the lease's 30 s TTL would have let it in.
+pub async fn dropped_lease_is_released_in_the_background(svc: &dyn LockService, name: &str) {
+    let lease = svc
+        .acquire(name, Duration::from_secs(30), Duration::ZERO)
+        .await
+        .expect("acquire");
+    let t1 = lease.token().expect("fenced backend");
+    drop(lease);
+    let next = svc
+        .acquire(name, Duration::from_secs(30), Duration::from_secs(10))
+        .await
+        .expect("the dropped lease was released, not left to its TTL");
+    assert!(next.token().unwrap() > t1);
+    next.release().await.unwrap();
 }
