@@ -25,8 +25,17 @@ async fn main() -> anyhow::Result<()> {
     // Keys and issuers first: a bad configuration fails at once, before the
     // (possibly long) wait for the database. Issuers connect in the
     // background: one that is down does not keep the gateway from starting.
-    let trust =
-        Trust::start(config.trust_options()?, config.fencing).map_err(anyhow::Error::msg)?;
+    let trust = match config
+        .trust_options()
+        .and_then(|o| Trust::start(o, config.fencing).map_err(anyhow::Error::msg))
+    {
+        Ok(trust) => trust,
+        Err(e) => {
+            // A configuration mistake, not a crash: the message, no backtrace.
+            eprintln!("gateway: {e:#}");
+            std::process::exit(2);
+        }
+    };
     let db = connect_with_retry(&config).await?;
     gateway::migrate(&db).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
