@@ -36,8 +36,13 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
-    let db = connect_with_retry(&config).await?;
-    gateway::migrate(&db).await?;
+    // sqlx applies the migrations on a connection of its own; requests use
+    // the gateway's pool (gateway::Db), opened lazily.
+    let migrations = connect_with_retry(&config).await?;
+    gateway::migrate(&migrations).await?;
+    migrations.close().await;
+    let db =
+        gateway::Db::new(&config.database_url, config.pool_options()).context("database URL")?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("bind {}", config.listen))?;
@@ -46,17 +51,19 @@ async fn main() -> anyhow::Result<()> {
         fencing = ?config.fencing,
         max_connections = limits.max_connections,
         header_read_timeout = ?limits.header_read_timeout,
+        request_timeout = ?config.request_timeout,
+        outcome_wait = ?config.outcome_wait,
         "listening on {}",
         listener.local_addr()?
     );
     gateway::serve_with(
         listener,
-        AppState::with_trust(db.clone(), config.fencing, trust),
+        AppState::with_trust(db.clone(), config.fencing, trust).with_deadlines(config.deadlines()),
         limits,
         shutdown_signal(),
     )
     .await?;
-    db.close().await;
+    db.close();
     tracing::info!("stopped");
     Ok(())
 }
@@ -65,7 +72,7 @@ async fn connect_with_retry(config: &Config) -> anyhow::Result<sqlx::PgPool> {
     let start = Instant::now();
     let mut delay = Duration::from_millis(250);
     loop {
-        match gateway::connect(&config.database_url, config.db_pool_size).await {
+        match gateway::connect(&config.database_url, 1).await {
             Ok(db) => return Ok(db),
             Err(e) if start.elapsed() < CONNECT_PATIENCE => {
                 tracing::warn!(error = %format!("{e:#}"), retry_in = ?delay, "database not reachable yet");
