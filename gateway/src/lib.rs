@@ -110,6 +110,9 @@ pub use metrics::Metrics;
 pub use server::{serve_with, ServeOptions};
 pub use trust::{Trust, TrustOptions};
 
+/// The binary's log filter when `RUST_LOG` is not set.
+pub const DEFAULT_LOG_FILTER: &str = "gateway=info,tower_http=info";
+
 /// Default for `--db-pool-size` and [`spawn`].
 pub const DEFAULT_POOL_SIZE: u32 = 10;
 
