@@ -15,6 +15,7 @@
 //! - [`http`]: routes, header and body validation, responses.
 //! - [`error`]: [`ApiError`], every rejection with its status and JSON body.
 //! - [`metrics`]: the Prometheus registry behind `GET /metrics`.
+//! - [`dashboard`]: the live page at `/dashboard` and its event stream.
 //!
 //! # HTTP API
 //! - `GET /pages/{id}`: `{"id","body","version","fence"}` with `ETag: "<version>"`.
@@ -28,7 +29,9 @@
 //!   `issuer_mismatch`, `version_mismatch`. Requests refused before reaching a
 //!   page (400, 413, 415, 428) leave no history.
 //! - `GET /pages`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
+//! - `GET /` (redirect), `GET /dashboard`, `GET /dashboard/events?page=ID` (SSE).
 
+pub mod dashboard;
 pub mod db;
 pub mod error;
 pub mod http;
