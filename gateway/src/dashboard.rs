@@ -9,7 +9,9 @@
 //!   committed (the counters of the pages they touched, the chosen page's new
 //!   attempts and its row as it is now). Without `page`, the most recently
 //!   accessed page is chosen. A database error sends a `problem` event and ends
-//!   the stream; the script reconnects and starts again from a snapshot.
+//!   the stream; the script reconnects and starts again from a snapshot. A
+//!   stream also ends when the gateway starts draining ([`AppState::draining`]),
+//!   so that an open dashboard does not hold up a graceful shutdown.
 //!
 //! # Where the feed comes from: tailing `page_history`
 //! Every fenced GET and every PUT inserts its history row in the same SQL
@@ -525,6 +527,7 @@ async fn events(
     tracing::debug!(page = ?page, "dashboard stream opened");
     let stream = stream::unfold(Phase::Start, move |phase| {
         let (db, fencing, page) = (state.db.clone(), state.fencing, page.clone());
+        let draining = state.draining.clone();
         async move {
             match phase {
                 Phase::Start => Some(match snapshot(&db, page.as_deref(), fencing).await {
@@ -539,7 +542,11 @@ async fn events(
                 }),
                 Phase::Tailing { mut tail, mut full } => loop {
                     if !full {
-                        tokio::time::sleep(POLL_INTERVAL).await;
+                        tokio::select! {
+                            _ = tokio::time::sleep(POLL_INTERVAL) => {}
+                            // The gateway is draining: end, the browser reconnects.
+                            _ = draining.cancelled() => break None,
+                        }
                     }
                     match poll(&db, &mut tail).await {
                         Ok((None, more)) => full = more,

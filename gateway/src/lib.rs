@@ -50,6 +50,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 pub use error::ApiError;
 pub use metrics::Metrics;
@@ -98,6 +99,10 @@ pub struct AppState {
     pub pool: PgPool,
     pub fencing: Fencing,
     pub metrics: Arc<Metrics>,
+    /// Cancelled when [`serve`] starts draining: responses that never end by
+    /// themselves (the dashboard's event streams) end then, so that the drain
+    /// does not wait for them.
+    pub draining: CancellationToken,
 }
 
 impl AppState {
@@ -109,6 +114,7 @@ impl AppState {
             pool,
             fencing,
             metrics: Arc::new(Metrics::new()),
+            draining: CancellationToken::new(),
         }
     }
 }
@@ -164,8 +170,12 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let draining = state.draining.clone();
     axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            draining.cancel();
+        })
         .await
 }
 

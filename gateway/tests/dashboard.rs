@@ -385,3 +385,23 @@ async fn a_row_that_commits_after_a_higher_id_is_not_missed() {
         [("PUT".into(), "accepted".into(), json!(2), json!("a"))]
     );
 }
+
+/// An event stream never ends by itself, and a graceful shutdown waits for
+/// every response: the streams must end when the gateway starts draining.
+#[tokio::test]
+async fn an_open_dashboard_does_not_hold_up_a_graceful_shutdown() {
+    let (gw, api, _) = gateway(Fencing::Enforce).await;
+    put(&api, "p", "x", &token(1, "a"), 201).await;
+    let mut events = Events::open(&api, "?page=p").await;
+    events.expect("snapshot").await;
+
+    tokio::time::timeout(Duration::from_secs(5), gw.shutdown())
+        .await
+        .expect("the gateway drained within 5 s with a dashboard open")
+        .expect("clean shutdown");
+    let end = tokio::time::timeout(WAIT, events.response.chunk()).await;
+    assert!(
+        matches!(end, Ok(Ok(None))),
+        "the stream ended cleanly: {end:?}"
+    );
+}
