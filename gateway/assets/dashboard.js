@@ -107,6 +107,8 @@
     if (state.attempts.length > KEEP) state.attempts.splice(0, state.attempts.length - KEEP);
   }
 
+  const red = (a) => a.kind === "refused" || a.kind === "stale" || a.kind === "stale-read";
+
   function kindOf(a) {
     if (a.outcome === "accepted") return a.method === "PUT" ? "write" : "read";
     if (a.outcome === "stale") return a.method === "PUT" ? "stale" : "stale-read";
@@ -185,7 +187,14 @@
     const fence = cur && cur.fence;
     $("fence").textContent = fence ? "fence: " + fence.issuer + " " + fence.token : cur ? "no fence" : "";
     $("version").textContent = cur && cur.body !== null ? "(version " + cur.version + ")" : "";
-    $("body").textContent = cur ? (cur.body === null ? "(never written)" : cur.body) : "";
+    // Each edit appends a line: follow the end, unless the reader scrolled up.
+    const pre = $("body");
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    const text = cur ? (cur.body === null ? "(never written)" : cur.body) : "";
+    if (pre.textContent !== text) {
+      pre.textContent = text;
+      if (atEnd) pre.scrollTop = pre.scrollHeight;
+    }
   }
 
   function hhmmss(t, ms) {
@@ -219,11 +228,17 @@
   function renderTimeline() {
     const svg = $("timeline");
     const width = Math.max(600, $("timeline-box").clientWidth);
-    const right = Date.now() + state.offset;
-    const left = right - state.windowMs;
-    const plotW = width - LABEL_W - PAD_R;
-    const x = (t) => LABEL_W + ((Math.max(t, left) - left) / state.windowMs) * plotW;
     const all = state.attempts;
+    const right = Date.now() + state.offset;
+    // The chosen window, or less while the page's history is shorter (a
+    // fresh stack fills the width at once).
+    const oldest = all.length ? all[0].t - 1000 : -Infinity;
+    const left = Math.max(right - state.windowMs, Math.min(oldest, right - 10000));
+    const span = right - left;
+    const plotW = width - LABEL_W - PAD_R;
+    const x = (t) => LABEL_W + ((Math.max(t, left) - left) / span) * plotW;
+    // A centred label, moved inside the drawing near its edges.
+    const fit = (cx, text) => Math.min(Math.max(cx, LABEL_W + text.length * 3.3), width - 4 - text.length * 3.3);
     let first = all.findIndex((a) => a.t >= left);
     if (first < 0) first = all.length;
     const shown = all.slice(first);
@@ -273,16 +288,16 @@
       lane.append(sv("line", { x1: LABEL_W, x2: width - 8, y1: y + LANE_H / 2, y2: y + LANE_H / 2, class: "lane-line" }));
 
       // A bar over the accesses made with one token: a holder's tenure as
-      // the storage saw it (red when it ended refused).
+      // the storage saw it (red when one was refused or stale).
       const mine = all.filter((a) => a.client_id === client && a.t >= left - 3600e3);
       const spans = [];
       for (const a of mine) {
         const s = spans[spans.length - 1];
         if (a.token !== null && s && s.token === a.token) {
           s.to = a.t;
-          s.refused = s.refused || a.kind === "refused";
+          s.refused = s.refused || red(a);
         } else if (a.token !== null) {
-          spans.push({ token: a.token, from: a.t, to: a.t, refused: a.kind === "refused" });
+          spans.push({ token: a.token, from: a.t, to: a.t, refused: red(a) });
         }
       }
       for (const s of spans) {
@@ -297,7 +312,7 @@
       const below = labeller();
       const mineShown = shown.filter((a) => a.client_id === client);
       // Refusals and lost updates first: their labels win any overlap.
-      const loud = mineShown.filter((a) => a.kind === "refused" || a.kind === "stale" || a.kind === "stale-read");
+      const loud = mineShown.filter(red);
       const quiet = mineShown.filter((a) => !loud.includes(a));
       for (const a of loud.concat(quiet)) {
         const cx = x(a.t);
@@ -329,7 +344,8 @@
         }
         if (a.kind !== "read" && a.kind !== "write") {
           const label = a.kind === "stale" ? "stale write: lost update" : a.kind === "stale-read" ? "stale read" : a.outcome;
-          if (below(cx, label)) m.append(sv("text", { x: cx, y: y + 17, "text-anchor": "middle" }, label));
+          const lx = fit(cx, label);
+          if (below(lx, label)) m.append(sv("text", { x: lx, y: y + 17, "text-anchor": "middle" }, label));
         }
         lane.append(m);
       }
@@ -340,7 +356,7 @@
     const axisY = height - AXIS_H;
     const axis = sv("g", { class: "axis" });
     const steps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600].map((s) => s * 1000);
-    const step = steps.find((s) => (s / state.windowMs) * plotW >= 90) || 600000;
+    const step = steps.find((s) => (s / span) * plotW >= 90) || 600000;
     for (let t = Math.ceil(left / step) * step; t <= right; t += step) {
       axis.append(sv("line", { x1: x(t), x2: x(t), y1: FENCE_H, y2: axisY + 4 }));
       axis.append(sv("text", { x: x(t), y: axisY + 16, "text-anchor": "middle" }, hhmmss(t)));
