@@ -405,3 +405,59 @@ async fn an_open_dashboard_does_not_hold_up_a_graceful_shutdown() {
         "the stream ended cleanly: {end:?}"
     );
 }
+
+/// A stream polls only while someone watches: once the browser has gone, the
+/// tail query stops (at the latest at the next keep-alive, which fails).
+#[tokio::test]
+async fn the_polling_stops_when_the_dashboard_disconnects() {
+    let (_gw, api, url) = gateway(Fencing::Enforce).await;
+    put(&api, "p", "x", &token(1, "a"), 201).await;
+    let mut observer = sqlx::PgConnection::connect(&url).await.unwrap();
+    let polled_within = |ms: i64| {
+        format!(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and pid <> pg_backend_pid()
+               and query like '%union all%page_history%'
+               and state_change > now() - interval '{ms} milliseconds'"
+        )
+    };
+
+    let mut events = Events::open(&api, "?page=p").await;
+    events.expect("snapshot").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let n: i64 = sqlx::query_scalar(&polled_within(500))
+            .fetch_one(&mut observer)
+            .await
+            .unwrap();
+        if n > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the open stream never polled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    drop(events);
+    let gone = tokio::time::Instant::now();
+    let deadline = gone + gateway::dashboard::KEEP_ALIVE + WAIT;
+    loop {
+        // No poll in the last second (four poll intervals).
+        let n: i64 = sqlx::query_scalar(&polled_within(1000))
+            .fetch_one(&mut observer)
+            .await
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream still polls {:?} after the client left",
+            gone.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("polling stopped within {:?}", gone.elapsed());
+}
