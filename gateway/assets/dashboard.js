@@ -82,7 +82,8 @@
   function onUpdate(u) {
     clock(u.now);
     for (const p of u.pages) state.pages.set(p.id, p);
-    if (u.page) state.current = u.page;
+    // An update leaves the body out when its version did not change.
+    if (u.page) state.current = Object.assign({}, state.current, u.page);
     ingest(u.attempts);
     if (!state.page && state.pages.size > 0) {
       connect(); // the first page appeared: let the server pick it

@@ -212,10 +212,13 @@ impl PageCounters {
 #[derive(Debug, Clone, Serialize)]
 pub struct PageNow {
     pub id: String,
-    /// `None` until the first accepted write.
-    pub body: Option<String>,
     pub version: i64,
     pub fence: Option<Fence>,
+    /// The body, `null` until the first accepted write. Left out of an update
+    /// when the version is the one sent before: the demo's page grows with
+    /// every edit, and reads and refusals do not change it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<Option<String>>,
 }
 
 /// The first message of a stream.
@@ -238,7 +241,8 @@ pub struct Update {
     pub now: DateTime<Utc>,
     /// The counters of the pages that had attempts, complete.
     pub pages: Vec<PageCounters>,
-    /// The chosen page's row, when it had attempts.
+    /// The chosen page's row, when it had attempts (its body only when the
+    /// version changed).
     pub page: Option<PageNow>,
     /// The chosen page's new attempts, oldest first.
     pub attempts: Vec<Attempt>,
@@ -256,6 +260,8 @@ pub struct Tail {
     /// Ids below `high` not seen yet, with when they were first missed.
     gaps: BTreeMap<i64, Instant>,
     counters: HashMap<String, PageCounters>,
+    /// The version of the body last sent.
+    sent_version: Option<i64>,
 }
 
 /// What one poll brought for the chosen page and the page list.
@@ -275,6 +281,7 @@ impl Tail {
             high,
             gaps: gaps.iter().map(|&id| (id, now)).collect(),
             counters: HashMap::new(),
+            sent_version: None,
         }
     }
 
@@ -346,25 +353,38 @@ async fn poll_rows(db: &Db, high: i64, gaps: &[i64]) -> Result<Vec<Attempt>, sql
     conn.finish(result)
 }
 
-/// id, body, version, fence issuer, fence token.
-type PageRow = (String, Option<String>, i64, Option<String>, Option<i64>);
+/// id, version, fence issuer, fence token, whether the version is new, and
+/// then the body.
+type PageRow = (
+    String,
+    i64,
+    Option<String>,
+    Option<i64>,
+    bool,
+    Option<String>,
+);
 
-async fn page_now(db: &Db, id: &str) -> Result<Option<PageNow>, sqlx::Error> {
+/// The page's row; its body only if its version is not `sent` (the body is
+/// not even read from the table then).
+async fn page_now(db: &Db, id: &str, sent: Option<i64>) -> Result<Option<PageNow>, sqlx::Error> {
     let mut conn = db.acquire().await?;
     let result = sqlx::query_as(
-        "select id, body, version, fence_issuer, fence_token from pages where id = $1",
+        "select id, version, fence_issuer, fence_token, version is distinct from $2,
+                case when version is distinct from $2 then body end
+         from pages where id = $1",
     )
     .bind(id)
+    .bind(sent)
     .fetch_optional(&mut *conn)
     .await;
     let row: Option<PageRow> = conn.finish(result)?;
-    Ok(row.map(|(id, body, version, issuer, token)| PageNow {
+    Ok(row.map(|(id, version, issuer, token, new, body)| PageNow {
         id,
-        body,
         version,
         fence: issuer
             .zip(token)
             .map(|(issuer, token)| Fence { issuer, token }),
+        body: new.then_some(body),
     }))
 }
 
@@ -438,16 +458,17 @@ pub async fn snapshot(
         .await;
         attempts = conn.finish(result)?;
         attempts.reverse();
-        now_row = Some(page_now(db, id).await?.unwrap_or_else(|| PageNow {
+        now_row = Some(page_now(db, id, None).await?.unwrap_or_else(|| PageNow {
             id: id.clone(),
-            body: None,
             version: 0,
             fence: None,
+            body: Some(None),
         }));
     }
 
     let mut tail = Tail::new(page, high, &gaps, Instant::now());
     tail.counters = pages.iter().map(|p| (p.id.clone(), p.clone())).collect();
+    tail.sent_version = now_row.as_ref().map(|p| p.version);
     let snapshot = Snapshot {
         now: Utc::now(),
         fencing: match fencing {
@@ -472,9 +493,12 @@ pub async fn poll(db: &Db, tail: &mut Tail) -> Result<(Option<Update>, bool), sq
         return Ok((None, full));
     }
     let page = match (&tail.page, absorbed.attempts.is_empty()) {
-        (Some(id), false) => page_now(db, id).await?,
+        (Some(id), false) => page_now(db, id, tail.sent_version).await?,
         _ => None,
     };
+    if let Some(p) = &page {
+        tail.sent_version = Some(p.version);
+    }
     let pages = absorbed
         .pages
         .iter()
