@@ -24,9 +24,10 @@
 //! - A broadcast channel inside the gateway, fed by the handlers, would only
 //!   see this process's writes: with two gateways on one database (the demo's
 //!   fenced and unfenced ones) each dashboard would miss the other's.
-//! - `LISTEN/NOTIFY` from a trigger sees every gateway, but `NOTIFY` takes a
-//!   database-wide lock at commit time to queue the notification: every
-//!   write would pay for the dashboard, watched or not. Polling costs the
+//! - `LISTEN/NOTIFY` from a trigger sees every gateway, but a notifying
+//!   transaction takes one lock shared by the whole cluster at commit and
+//!   holds it until the commit ends, so notifying writes commit one at a
+//!   time: every write would pay for the dashboard, watched or not. Polling costs the
 //!   write path nothing, and an idle dashboard costs one primary-key range
 //!   scan that finds nothing, four times a second.
 //!
@@ -56,6 +57,7 @@
 //! very failure this demo is about: a paused worker believes it still holds
 //! the lock. The storage's record is the ground truth of what happened to the
 //! page. The worker's own account stays in its logs (`--events jsonl`).
+//! Clients that send no token (Redlock runs unfenced) get no grant drawn.
 //!
 //! # Outcomes
 //! `accepted` is a fenced read or a write that landed; `stale` (fencing off)
