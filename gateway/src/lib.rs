@@ -15,6 +15,7 @@
 //! - [`http`]: routes, header and body validation, responses.
 //! - [`error`]: [`ApiError`], every rejection with its status and JSON body.
 //! - [`metrics`]: the Prometheus registry behind `GET /metrics`.
+//! - [`dashboard`]: the live page at `/dashboard` and its event stream.
 //!
 //! # HTTP API
 //! - `GET /pages/{id}`: `{"id","body","version","fence"}` with `ETag: "<version>"`.
@@ -28,7 +29,9 @@
 //!   `issuer_mismatch`, `version_mismatch`. Requests refused before reaching a
 //!   page (400, 413, 415, 428) leave no history.
 //! - `GET /pages`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
+//! - `GET /` (redirect), `GET /dashboard`, `GET /dashboard/events?page=ID` (SSE).
 
+pub mod dashboard;
 pub mod db;
 pub mod error;
 pub mod http;
@@ -47,6 +50,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 pub use error::ApiError;
 pub use metrics::Metrics;
@@ -95,6 +99,10 @@ pub struct AppState {
     pub pool: PgPool,
     pub fencing: FenceCheck,
     pub metrics: Arc<Metrics>,
+    /// Cancelled when [`serve`] starts draining: responses that never end by
+    /// themselves (the dashboard's event streams) end then, so that the drain
+    /// does not wait for them.
+    pub draining: CancellationToken,
 }
 
 impl AppState {
@@ -106,6 +114,7 @@ impl AppState {
             pool,
             fencing,
             metrics: Arc::new(Metrics::new()),
+            draining: CancellationToken::new(),
         }
     }
 }
@@ -161,8 +170,12 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let draining = state.draining.clone();
     axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            draining.cancel();
+        })
         .await
 }
 
