@@ -25,6 +25,6 @@ pub mod zookeeper;
 
 pub use mariadb::{fresh_mysql_database, MariaDb};
 pub use postgres::{fresh_database, Postgres};
-pub use process::{free_port, wait_until, ServiceProcess};
+pub use process::{free_port, scratch_dir, wait_until, ServiceProcess};
 pub use redis::{Persistence, Redis};
 pub use zookeeper::ZooKeeper;
