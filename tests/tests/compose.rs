@@ -283,13 +283,24 @@ fn every_variable_compose_passes_is_one_the_binaries_accept_for_every_backend() 
             let Some(binary) = our_binary(&service) else {
                 continue;
             };
-            let env = environment(&service, &vars);
+            let mut env = environment(&service, &vars);
+            // The secrets' files stand in for /run/secrets/ (what compose mounts).
+            for var in FILE_VARS {
+                if let Some(path) = env.get(*var).cloned() {
+                    let file = secret_file(&compose, &service, &path);
+                    env.insert(var.to_string(), file.display().to_string());
+                }
+            }
             let args = as_args(&binary, &env);
             match binary.as_str() {
                 "gateway" => {
                     use clap::Parser;
-                    gateway::Config::try_parse_from(&args)
+                    let config = gateway::Config::try_parse_from(&args)
                         .unwrap_or_else(|e| panic!("{name}: gateway rejects {args:?}: {e}"));
+                    // Keys read from the demo files and issuers parsed, as at start.
+                    config.trust_options().unwrap_or_else(|e| {
+                        panic!("{name}: the gateway would refuse to start: {e:#}")
+                    });
                 }
                 "worker" => {
                     use clap::Parser;
