@@ -965,7 +965,9 @@ async fn token_not_current_while_the_lease_is_fresh_is_rejected_and_explained() 
     assert!(history
         .iter()
         .all(|e| e["outcome"] == "token_not_current" && e["client_id"] == "w1"));
-    let page = reqwest::get(format!("{url}/pages/elsewhere")).await.unwrap();
+    let page = reqwest::get(format!("{url}/pages/elsewhere"))
+        .await
+        .unwrap();
     assert_eq!(page.status(), 404, "never written");
 }
 

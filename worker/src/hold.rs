@@ -338,7 +338,7 @@ where
         // not ours. (Fails only for a group leader, which we are not.)
         let _ = nix::unistd::setsid();
     }
-    let locks = backend::connect(&config).await?;
+    let locks = connect(&config).await?;
     let lease = locks
         .acquire(&lock, config.ttl, config.wait)
         .await
@@ -428,6 +428,24 @@ where
             why.describe()
         ))),
         _ => Err(HoldError::Failed(format!("could not release {lock}"))),
+    }
+}
+
+/// Connect to the lock service, retrying while it is unreachable (it may be
+/// restarting: `docker compose restart redis`) for up to `--wait`.
+async fn connect(config: &Config) -> Result<std::sync::Arc<dyn fencelock::LockService>, HoldError> {
+    let deadline = tokio::time::Instant::now() + config.wait;
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match backend::connect(config).await {
+            Ok(locks) => return Ok(locks),
+            Err(e) if e.is_transient() && tokio::time::Instant::now() + delay < deadline => {
+                tracing::warn!("lock service not reachable yet, retrying: {e}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 
