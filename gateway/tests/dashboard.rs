@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{gateway, Api};
+use common::{gateway_with, key_of, keyed, Api};
 use gateway::FenceCheck;
 use serde_json::{json, Value};
 use sqlx::Connection;
@@ -138,14 +138,36 @@ fn token(t: u64, client: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The lanes of these tests: each client has its own key on the test gateway.
+const LANES: [&str; 5] = ["a", "b", "alice", "bob", "straggler"];
+
+/// A keyed gateway that also knows the [`LANES`] clients.
+async fn gateway(fencing: FenceCheck) -> (gateway::RunningGateway, Api, String) {
+    let options = LANES
+        .iter()
+        .fold(keyed(fencing), |o, c| o.api_key(c, &key_of(c)));
+    gateway_with(options).await
+}
+
+/// `api` as the client the `Client-Id` header names (its key authenticates it).
+fn as_sender(api: &Api, headers: &[(&'static str, String)]) -> Api {
+    match headers.iter().find(|(k, _)| *k == "Client-Id") {
+        Some((_, client)) => api.as_client(client),
+        None => api.clone(),
+    }
+}
+
 async fn put(api: &Api, id: &str, body: &str, headers: &[(&'static str, String)], status: u16) {
     let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    api.put(id, body, &h).await.expect(status);
+    as_sender(api, headers)
+        .put(id, body, &h)
+        .await
+        .expect(status);
 }
 
 async fn get(api: &Api, id: &str, headers: &[(&'static str, String)], status: u16) {
     let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    api.get(id, &h).await.expect(status);
+    as_sender(api, headers).get(id, &h).await.expect(status);
 }
 
 #[tokio::test]
@@ -248,13 +270,14 @@ async fn snapshot_then_live_updates_show_grants_reads_writes_and_refusals_as_the
     );
 
     // Alice's late write is refused: on the timeline, and nothing changed.
-    api.put(
-        "doc",
-        "late",
-        &[("Fencing-Token", "33"), ("Client-Id", "alice")],
-    )
-    .await
-    .expect_error(409, "stale_token");
+    api.as_client("alice")
+        .put(
+            "doc",
+            "late",
+            &[("Fencing-Token", "33"), ("Client-Id", "alice")],
+        )
+        .await
+        .expect_error(409, "stale_token");
     let (attempts, last) = events.until(|a| !a.is_empty()).await;
     assert_eq!(
         summary(&attempts),
