@@ -40,6 +40,7 @@
 //!   deadline (`outcome_unknown` once a statement was sent), responses.
 //! - [`error`]: [`ApiError`], every rejection with its status and JSON body.
 //! - [`metrics`]: the Prometheus registry behind `GET /metrics`.
+//! - [`dashboard`]: the live page at `/dashboard` and its event stream.
 //!
 //! # HTTP API
 //! - `GET /pages/{id}`: `{"id","body","version","fence"}` with `ETag: "<version>"`.
@@ -63,6 +64,8 @@
 //!   reaching a page (400, 401, 403, 413, 415, 428, 409 `unknown_issuer`, 503)
 //!   leave no history.
 //! - `GET /pages`, `GET /healthz`, `GET /readyz`, `GET /metrics`: public.
+//! - `GET /` (redirect), `GET /dashboard`, `GET /dashboard/events?page=ID`
+//!   (server-sent events): public, like the history they show.
 //!
 //! A request whose deadline (`--request-timeout`) passes before its
 //! statement was sent is answered 504 `timeout` (nothing written). Once the
@@ -78,6 +81,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod dashboard;
 pub mod db;
 pub mod error;
 pub mod http;
@@ -102,6 +106,7 @@ pub use http::Deadlines;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 pub use auth::AuthMode;
 pub use config::{Config, GatewayOptions};
@@ -133,6 +138,10 @@ pub struct AppState {
     pub db: Db,
     pub fencing: FenceCheck,
     pub metrics: Arc<Metrics>,
+    /// Cancelled when [`serve`] starts draining: responses that never end by
+    /// themselves (the dashboard's event streams) end then, so that the drain
+    /// does not wait for them.
+    pub draining: CancellationToken,
     /// Keys and issuers.
     pub trust: Arc<Trust>,
     /// The request deadline, and the wait for a statement already sent.
@@ -153,6 +162,7 @@ impl AppState {
             db,
             fencing,
             metrics: Arc::new(Metrics::new()),
+            draining: CancellationToken::new(),
             trust: Arc::new(trust),
             deadlines: Deadlines::default(),
         }

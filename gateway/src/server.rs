@@ -60,6 +60,7 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = state.metrics.clone();
+    let draining = state.draining.clone();
     let router = crate::app(state);
     let mut builder = http1::Builder::new();
     builder
@@ -100,6 +101,9 @@ pub async fn serve_with(
         });
     }
     drop(listener);
+    // Responses that never end by themselves (the dashboard's event streams)
+    // end now, so that the drain does not wait for them.
+    draining.cancel();
     graceful.shutdown().await;
     Ok(())
 }

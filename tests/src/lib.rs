@@ -12,17 +12,19 @@
 //! - [`redis`]: redis-server, with or without persistence.
 //! - [`mariadb`]: MariaDB, plus [`fresh_mysql_database`].
 //! - [`zookeeper`]: ZooKeeper, standalone.
+//! - [`stack`]: `scripts/stack`, the whole demo topology, on free ports.
 //! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
 
 pub mod mariadb;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+pub mod stack;
 pub mod worker_proc;
 pub mod zookeeper;
 
 pub use mariadb::{fresh_mysql_database, MariaDb};
 pub use postgres::{fresh_database, Postgres};
-pub use process::{free_port, wait_until, ServiceProcess};
+pub use process::{free_port, scratch_dir, wait_until, ServiceProcess};
 pub use redis::{Persistence, Redis};
 pub use zookeeper::ZooKeeper;
