@@ -45,6 +45,10 @@ pub struct Args {
     /// Do not rewrite the Gateway section of docs/BENCHMARKS.md.
     #[arg(long)]
     no_write: bool,
+    /// Only the gateway's runs, no pgbench and no table: for profiling the
+    /// gateway's request path (e.g. under `perf record`).
+    #[arg(long)]
+    gateway_only: bool,
 }
 
 const BODY_LEN: usize = 100;
@@ -73,6 +77,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             gateway::DEFAULT_LOG_FILTER,
         ))
         .with_writer(std::io::sink)
+        .with_ansi(false)
         .try_init();
     let pg = harness::Postgres::start().await;
     let url = pg.create_database().await;
@@ -121,6 +126,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let secs = Duration::from_secs(args.secs);
             let (g, cpu_us) =
                 gateway_run(gw.addr(), row.clients, secs, args.pages, token, &body).await?;
+            if args.gateway_only {
+                eprintln!(
+                    "run {}/{} c={:>2}: gateway {:>7.0}/s p50 {} p99 {} cpu {:.0} us/PUT  ({})",
+                    r + 1,
+                    args.repeats,
+                    row.clients,
+                    g.per_sec(),
+                    ms(g.p50()),
+                    ms(g.p99()),
+                    cpu_us,
+                    load_average(),
+                );
+                continue;
+            }
             let conn = pg_args(&pg, &db);
             let m = pgbench_run(
                 &conn,
@@ -162,6 +181,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     gw.shutdown().await?;
+    if args.gateway_only {
+        return Ok(());
+    }
 
     let table = table(&rows);
     println!("{table}");

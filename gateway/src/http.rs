@@ -485,7 +485,11 @@ async fn run_fenced(
     }
 }
 
-#[tracing::instrument(skip_all, fields(page = %id, token = ?h.token, issuer = %h.issuer))]
+// Per-request spans and events are debug: a profile under load (issue 18,
+// docs/BENCHMARKS.md) showed tracing's formatting among the largest costs
+// of the request path that the gateway controls. Every attempt is recorded
+// in page_history and counted in /metrics; warnings carry their own fields.
+#[tracing::instrument(level = "debug", skip_all, fields(page = %id, token = ?h.token, issuer = %h.issuer))]
 async fn get_page(
     State(state): State<AppState>,
     Extension(sent): Extension<Sent>,
@@ -522,7 +526,8 @@ async fn get_page(
     }
 }
 
-#[tracing::instrument(skip_all, fields(page = %id, token = ?h.token, issuer = %h.issuer))]
+// Debug, as `get_page`'s span.
+#[tracing::instrument(level = "debug", skip_all, fields(page = %id, token = ?h.token, issuer = %h.issuer))]
 async fn put_page(
     State(state): State<AppState>,
     Extension(sent): Extension<Sent>,
@@ -563,7 +568,7 @@ async fn put_page(
     } else {
         StatusCode::OK
     };
-    tracing::info!(
+    tracing::debug!(
         version = page.version,
         outcome = outcome_label(verdict),
         "written"
@@ -658,7 +663,7 @@ async fn check_with_issuer(
         h.client_id.as_deref(),
     )
     .await?;
-    tracing::info!(offered = %token, holder = ?holder, "token not current");
+    tracing::info!(page = %id, issuer = %h.issuer, offered = %token, holder = ?holder, "token not current");
     Err(ApiError::TokenNotCurrent {
         issuer: h.issuer.clone(),
         offered: token,
