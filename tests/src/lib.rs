@@ -11,18 +11,26 @@
 //! - [`postgres`]: PostgreSQL, plus [`fresh_database`] (one new database per test).
 //! - [`redis`]: redis-server, with or without persistence.
 //! - [`mariadb`]: MariaDB, plus [`fresh_mysql_database`].
-//! - [`zookeeper`]: ZooKeeper, standalone.
+//! - [`zookeeper`]: ZooKeeper, standalone, or a three-node ensemble on loopback.
+//! - [`zookeeper_hosts`]: a three-node ensemble whose servers each live in
+//!   their own network namespace, so that one can be cut off ([`netns`]).
+//! - [`sentinel`]: a Redis master, its replica and three sentinels.
 //! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
 
 pub mod mariadb;
+pub mod netns;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+pub mod sentinel;
 pub mod worker_proc;
 pub mod zookeeper;
+pub mod zookeeper_hosts;
 
 pub use mariadb::{fresh_mysql_database, MariaDb};
 pub use postgres::{fresh_database, Postgres};
 pub use process::{free_port, wait_until, ServiceProcess};
 pub use redis::{Persistence, Redis};
+pub use sentinel::SentinelGroup;
 pub use zookeeper::ZooKeeper;
+pub use zookeeper_hosts::ZooKeeperHosts;
