@@ -48,10 +48,27 @@ pub enum Scenario {
     /// Scenario 7b: The same jump, but libfaketime moves CLOCK_MONOTONIC too: every
     /// timer and deadline of the worker sees one hour pass at once.
     ClockJumpMonotonic,
+    /// Issue 14: SIGKILL the ensemble's leader (found with `srvr`) while two
+    /// workers edit; start it again at the end.
+    ZookeeperLeaderKill,
+    /// Issue 14: a worker that can only reach one follower holds the lock;
+    /// that follower is cut off from the other two servers for longer than
+    /// the session timeout while another worker (on the majority) goes on;
+    /// then the partition heals.
+    ZookeeperPartition,
+    /// Issue 14: a worker holds the lock on the master, whose replica's link
+    /// was cut just before the grant; the master freezes, Sentinel promotes
+    /// the replica, a second worker is granted the same lock there.
+    SentinelFailover,
+    /// Issue 14: the same with `WAIT 1` after every grant.
+    SentinelFailoverWait,
+    /// Issue 14: one Redlock client cannot reach one master of three (a
+    /// minority) while two clients edit.
+    RedlockPartition,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 14] = [
         Scenario::GcPauseWriting,
         Scenario::GcPauseRead,
         Scenario::Crash,
@@ -62,6 +79,12 @@ impl Scenario {
         // The restarts kill the services shared by a backend's scenarios: last.
         Scenario::RedisRestart,
         Scenario::ZookeeperRestart,
+        // Issue 14: the replicated services' failures.
+        Scenario::ZookeeperLeaderKill,
+        Scenario::ZookeeperPartition,
+        Scenario::SentinelFailover,
+        Scenario::SentinelFailoverWait,
+        Scenario::RedlockPartition,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,15 +98,41 @@ impl Scenario {
             Scenario::DelayedWrite => "delayed-write",
             Scenario::ClockJump => "clock-jump",
             Scenario::ClockJumpMonotonic => "clock-jump-monotonic",
+            Scenario::ZookeeperLeaderKill => "zookeeper-leader-kill",
+            Scenario::ZookeeperPartition => "zookeeper-partition",
+            Scenario::SentinelFailover => "sentinel-failover",
+            Scenario::SentinelFailoverWait => "sentinel-failover-wait",
+            Scenario::RedlockPartition => "redlock-partition",
         }
     }
 
     pub fn applies_to(self, backend: Backend) -> bool {
         match self {
             Scenario::RedisRestart => matches!(backend, Backend::Redis | Backend::Redlock),
-            Scenario::ZookeeperRestart => backend == Backend::Zookeeper,
-            _ => true,
+            Scenario::ZookeeperRestart
+            | Scenario::ZookeeperLeaderKill
+            | Scenario::ZookeeperPartition => backend == Backend::Zookeeper,
+            Scenario::SentinelFailover | Scenario::SentinelFailoverWait => {
+                backend == Backend::RedisSentinel
+            }
+            Scenario::RedlockPartition => backend == Backend::Redlock,
+            // The Sentinel group is the single-instance lock otherwise: it
+            // runs the pauses and the crash, not the whole list again.
+            Scenario::GcPauseWriting | Scenario::GcPauseRead | Scenario::Crash => true,
+            _ => backend != Backend::RedisSentinel,
         }
+    }
+
+    /// The rows of issue 14, shown with the fence on and off by default.
+    pub fn is_replication(self) -> bool {
+        matches!(
+            self,
+            Scenario::ZookeeperLeaderKill
+                | Scenario::ZookeeperPartition
+                | Scenario::SentinelFailover
+                | Scenario::SentinelFailoverWait
+                | Scenario::RedlockPartition
+        )
     }
 }
 
@@ -127,15 +176,15 @@ pub struct Ctx<'a> {
     pub workers: Vec<WorkerProc>,
 }
 
-const EVENT_WAIT: Duration = Duration::from_secs(40);
+pub(crate) const EVENT_WAIT: Duration = Duration::from_secs(40);
 const EXIT_WAIT: Duration = Duration::from_secs(60);
 
 impl Ctx<'_> {
-    fn spec(&self, client: &str, edits: u64) -> WorkerSpec {
+    pub(crate) fn spec(&self, client: &str, edits: u64) -> WorkerSpec {
         self.spec_via(client, edits, &self.gateway.url(), &HashMap::new())
     }
 
-    fn spec_via(
+    pub(crate) fn spec_via(
         &self,
         client: &str,
         edits: u64,
@@ -161,11 +210,11 @@ impl Ctx<'_> {
         spec
     }
 
-    fn client(&self, name: &str) -> String {
+    pub(crate) fn client(&self, name: &str) -> String {
         format!("{}-{name}", self.page)
     }
 
-    fn spawn(&mut self, spec: &WorkerSpec) -> anyhow::Result<usize> {
+    pub(crate) fn spawn(&mut self, spec: &WorkerSpec) -> anyhow::Result<usize> {
         self.workers.push(WorkerProc::spawn(spec, &self.log)?);
         Ok(self.workers.len() - 1)
     }
@@ -179,7 +228,11 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    async fn wait_event(&self, who: &str, kind: &str) -> anyhow::Result<crate::procs::Event> {
+    pub(crate) async fn wait_event(
+        &self,
+        who: &str,
+        kind: &str,
+    ) -> anyhow::Result<crate::procs::Event> {
         let client = self.client(who);
         let k = kind.to_string();
         self.log
@@ -190,7 +243,7 @@ impl Ctx<'_> {
             .map_err(|e| anyhow::anyhow!("{e}\n{}", self.worker_logs()))
     }
 
-    async fn wait_all_exit(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn wait_all_exit(&mut self) -> anyhow::Result<()> {
         let mut errors = vec![];
         for w in &mut self.workers {
             if w.killed_at.is_none() {
@@ -206,7 +259,7 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    fn worker_logs(&self) -> String {
+    pub(crate) fn worker_logs(&self) -> String {
         self.workers
             .iter()
             .map(|w| format!("--- {} stderr ---\n{}", w.client, w.stderr_tail(15)))
@@ -215,7 +268,7 @@ impl Ctx<'_> {
     }
 
     /// What the worker `who` did with its edit after the fault, in words.
-    fn outcome_of(&self, who: &str) -> String {
+    pub(crate) fn outcome_of(&self, who: &str) -> String {
         let client = self.client(who);
         let events = self.log.all();
         let last = events
@@ -250,6 +303,13 @@ pub async fn run(scenario: Scenario, ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow
         Scenario::DelayedWrite => delayed_write(ctx, row).await,
         Scenario::ClockJump => clock_jump(ctx, row, false).await,
         Scenario::ClockJumpMonotonic => clock_jump(ctx, row, true).await,
+        Scenario::ZookeeperLeaderKill => crate::replication::zookeeper_leader_kill(ctx, row).await,
+        Scenario::ZookeeperPartition => crate::replication::zookeeper_partition(ctx, row).await,
+        Scenario::SentinelFailover => crate::replication::sentinel_failover(ctx, row, false).await,
+        Scenario::SentinelFailoverWait => {
+            crate::replication::sentinel_failover(ctx, row, true).await
+        }
+        Scenario::RedlockPartition => crate::replication::redlock_partition(ctx, row).await,
     }
 }
 
@@ -356,9 +416,10 @@ async fn zookeeper_restart(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<(
         .wait_for("a first `wrote`", EVENT_WAIT, |e| e.kind() == "wrote")
         .await?;
     let zk = ctx.services.zookeeper.as_mut().context("zookeeper")?;
-    zk.kill();
+    // Every server of the service (all three of the ensemble) at once.
+    zk.kill_all();
     tokio::time::sleep(ctx.timing.outage).await;
-    zk.start_again().await;
+    zk.start_all_again().await;
     ctx.wait_all_exit().await?;
     let events = ctx.log.all();
     let lost = events.iter().filter(|e| e.kind() == "lost").count();
