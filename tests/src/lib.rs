@@ -15,6 +15,7 @@
 //! - [`zookeeper_hosts`]: a three-node ensemble whose servers each live in
 //!   their own network namespace, so that one can be cut off ([`netns`]).
 //! - [`sentinel`]: a Redis master, its replica and three sentinels.
+//! - [`stack`]: `scripts/stack`, the whole demo topology, on free ports.
 //! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
 
 pub mod mariadb;
@@ -23,13 +24,14 @@ pub mod postgres;
 pub mod process;
 pub mod redis;
 pub mod sentinel;
+pub mod stack;
 pub mod worker_proc;
 pub mod zookeeper;
 pub mod zookeeper_hosts;
 
 pub use mariadb::{fresh_mysql_database, MariaDb};
 pub use postgres::{fresh_database, Postgres};
-pub use process::{free_port, wait_until, ServiceProcess};
+pub use process::{free_port, scratch_dir, wait_until, ServiceProcess};
 pub use redis::{Persistence, Redis};
 pub use sentinel::SentinelGroup;
 pub use zookeeper::ZooKeeper;
