@@ -43,9 +43,19 @@
 //! it. Redis documents `WAIT` as not making Redis strongly consistent.
 //!
 //! # Holder lookup
-//! [`HolderLookup`] is the single-instance one (`GET lock:{N}`) on the current
-//! master; after a failover that loses a grant it answers for the new master,
-//! which is what a storage asking "who holds it now" should get.
+//! [`HolderLookup`] asks the sentinels which server is the master **on every
+//! lookup**, then sends `ROLE` and `GET lock:{N}` to that server in one
+//! pipeline, and answers only if it still says it is the master. So after a
+//! failover that loses a grant it answers for the new master, which is what a
+//! storage asking "who holds it now" should get. Asking the sentinels each
+//! time matters: a lookup that kept its connection to the old master would
+//! keep reading there (reads are not refused with `READONLY` on a replica),
+//! and an old master that was frozen and comes back still says `master`
+//! until the sentinels demote it; either way it would name the holder the
+//! failover lost (the chaos row `sentinel-failover` met exactly this: the new
+//! holder's writes were refused with `token_not_current`). A master that no
+//! sentinel names, or a named server that is not the master, is
+//! `Unavailable`: the storage fails closed until the failover is over.
 
 use std::fmt;
 use std::time::Duration;
@@ -54,7 +64,9 @@ use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client};
 
-use crate::redis::{RedisLock, Source};
+use std::sync::Arc;
+
+use crate::redis::{lock_key, parse_owner_value, RedisLock, Source};
 use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService};
 
 /// The issuer name sent with every token of this backend. Distinct from
@@ -193,10 +205,21 @@ fn parse_sentinels(sentinels: &[String]) -> Result<Vec<String>, LockError> {
 }
 
 /// The Redis lock on the master that Sentinel names. Cheap to clone.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct RedisSentinelLock {
     lock: RedisLock,
     discovery: Discovery,
+    /// The holder lookup's connection, with the `host:port` it goes to.
+    lookup: Arc<tokio::sync::Mutex<Option<(String, MultiplexedConnection)>>>,
+}
+
+impl fmt::Debug for RedisSentinelLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSentinelLock")
+            .field("lock", &self.lock)
+            .field("discovery", &self.discovery)
+            .finish()
+    }
 }
 
 impl RedisSentinelLock {
@@ -219,7 +242,11 @@ impl RedisSentinelLock {
             master_name: master_name.trim().to_string(),
         };
         let lock = RedisLock::connect_source(Source::Sentinel(discovery.clone()), ISSUER).await?;
-        Ok(RedisSentinelLock { lock, discovery })
+        Ok(RedisSentinelLock {
+            lock,
+            discovery,
+            lookup: Arc::default(),
+        })
     }
 
     /// Record `id` as this client's id in every grant.
@@ -234,6 +261,64 @@ impl RedisSentinelLock {
     pub fn with_wait(mut self, replicas: u32, timeout: Duration) -> Self {
         self.lock = self.lock.with_wait(replicas, timeout);
         self
+    }
+
+    /// `current_holder`: see the module docs ("Holder lookup").
+    async fn holder_on_named_master(&self, name: &str) -> Result<Option<Holder>, LockError> {
+        let master = self.current_master().await?;
+        let mut conn = {
+            let mut cached = self.lookup.lock().await;
+            match cached.as_ref() {
+                Some((addr, conn)) if *addr == master => conn.clone(),
+                _ => {
+                    *cached = None;
+                    let client = Client::open(format!("redis://{master}/"))
+                        .map_err(|e| LockError::unavailable(ISSUER, e))?;
+                    let conn =
+                        step(client.get_multiplexed_async_connection_with_config(&step_config()))
+                            .await
+                            .map_err(|e| {
+                                LockError::unavailable(ISSUER, format!("master {master}: {e}"))
+                            })?;
+                    *cached = Some((master.clone(), conn.clone()));
+                    conn
+                }
+            }
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("ROLE").cmd("GET").arg(lock_key(name));
+        let answer: Result<(Vec<redis::Value>, Option<String>), String> =
+            step(pipe.query_async(&mut conn)).await;
+        let (role, value) = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                *self.lookup.lock().await = None;
+                return Err(LockError::unavailable(
+                    ISSUER,
+                    format!("master {master}: {e}"),
+                ));
+            }
+        };
+        let role = role
+            .first()
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .unwrap_or_default();
+        if role != "master" {
+            *self.lookup.lock().await = None;
+            return Err(LockError::unavailable(
+                ISSUER,
+                format!(
+                    "the sentinels name {master}, which is a {role:?}, not the master \
+                     (failover in progress?)"
+                ),
+            ));
+        }
+        match value {
+            None => Ok(None),
+            Some(v) => parse_owner_value(&v).map(Some).ok_or_else(|| {
+                LockError::protocol(ISSUER, format!("lock value {v:?} names no holder"))
+            }),
+        }
     }
 
     /// The master's `host:port` as the first answering sentinel names it now.
@@ -276,7 +361,7 @@ impl HolderLookup for RedisSentinelLock {
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
-        self.lock.current_holder(name)
+        Box::pin(self.holder_on_named_master(name))
     }
 }
 

@@ -26,6 +26,8 @@ fn held(ttl: Duration) -> AcquireOptions {
 async fn a_failover_that_loses_a_grant_hands_the_lock_and_its_token_to_a_second_client() {
     let mut group = SentinelGroup::start().await;
     let a = client(&group, "a").await;
+    // A storage's lookup, connected before the failover (as a gateway's is).
+    let storage = client(&group, "storage").await;
     // One grant that does reach the replica: the counter there is 1.
     let first = a
         .acquire_with("x", held(Duration::from_secs(30)))
@@ -43,6 +45,13 @@ async fn a_failover_that_loses_a_grant_hands_the_lock_and_its_token_to_a_second_
         .await
         .unwrap();
     assert_eq!(lost.token().unwrap().get(), 2);
+    assert_eq!(
+        storage.current_holder("x").await.unwrap(),
+        Some(Holder {
+            client_id: "a".into(),
+            token: lost.token().unwrap()
+        })
+    );
     group.freeze(0);
     group.thaw(1);
     group.wait_master(1, FAILOVER).await.unwrap();
@@ -82,7 +91,18 @@ async fn a_failover_that_loses_a_grant_hands_the_lock_and_its_token_to_a_second_
     })
     .await;
     assert!(renewed.is_ok(), "a's renewal never reached the new master");
+    // The old master comes back, still holding a's grant until the sentinels
+    // demote it and it resyncs: the storage's lookup, whose connection went
+    // there, must ask the master the sentinels name now, and name b.
     group.thaw(0);
+    assert_eq!(
+        storage.current_holder("x").await.unwrap(),
+        Some(Holder {
+            client_id: "b".into(),
+            token: second.token().unwrap()
+        }),
+        "the lookup read the old master"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
