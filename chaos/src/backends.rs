@@ -193,6 +193,17 @@ impl Services {
                     format!("zookeeper://{}", zk.connect_string()),
                 ))
             }
+            Backend::RedisSentinel => {
+                let group = self.sentinel.as_ref().expect("sentinel group started");
+                Some((
+                    "redis-sentinel".into(),
+                    format!(
+                        "redis-sentinel://{}/{}",
+                        group.sentinel_addrs().join(","),
+                        group.master_name()
+                    ),
+                ))
+            }
             Backend::LeasePostgres => Some((
                 "lease-postgres".into(),
                 self.lease_url.clone().expect("lease db created"),

@@ -242,9 +242,16 @@ pub async fn sentinel_failover(ctx: &mut Ctx<'_>, row: &mut Row, wait: bool) -> 
             "second holder: b was granted the same lock by the promoted replica with token {tb} \
              while a's lease was valid; {}; then a resumed: {}",
             if ta == tb {
-                "the same number, re-minted by a counter that never saw a's grant. \
-                 The fence refuses only LOWER tokens, so both pass it"
-                    .to_string()
+                format!(
+                    "the same number, re-minted by a counter that never saw a's grant. \
+                     The fence refuses only LOWER tokens, so it alone lets both pass; {}",
+                    if ctx.fencing {
+                        "the gateway's issuer check asks the promoted master, which names \
+                         b as the holder of that token"
+                    } else {
+                        "with the fence off nothing is checked"
+                    }
+                )
             } else {
                 format!("tokens {ta} (a) and {tb} (b)")
             },

@@ -13,8 +13,10 @@
 //!   worker settings as compose.yaml (hosts and ports of the backing services
 //!   differ by design: see scripts/stack; key files are the same files, mounted
 //!   as compose secrets);
+//! - both define the same services (`scripts/stack services`), among them the
+//!   ZooKeeper ensemble zk1..zk3 and the Sentinel group (issue 14);
 //! - trust: both gateways require keys from demo/api-keys, every worker sends
-//!   its own client's key, the fenced gateway checks tokens with all four lock
+//!   its own client's key, the fenced gateway checks tokens with all five lock
 //!   services (the same ones the workers use) and the unfenced one with none,
 //!   and the gateways are published on 127.0.0.1 only.
 
@@ -43,6 +45,7 @@ const CONNECTION_VARS: &[&str] = &[
     "REDIS_URL",
     "REDLOCK_URLS",
     "ZOOKEEPER_CONNECT",
+    "REDIS_SENTINELS",
     "WORKER_GATEWAY",
     "GATEWAY_LISTEN",
     "GATEWAY_ISSUERS",
@@ -53,7 +56,13 @@ const CONNECTION_VARS: &[&str] = &[
 const FILE_VARS: &[&str] = &["GATEWAY_API_KEYS_FILE", "GATEWAY_ADMIN_KEYS_FILE"];
 
 /// The issuers the fenced gateway must trust: every backend with a token.
-const ISSUERS: [&str; 4] = ["redis", "zookeeper", "lease-postgres", "lease-mysql"];
+const ISSUERS: [&str; 5] = [
+    "redis",
+    "zookeeper",
+    "redis-sentinel",
+    "lease-postgres",
+    "lease-mysql",
+];
 
 fn compose() -> Value {
     let text = std::fs::read_to_string(repo().join("compose.yaml")).expect("read compose.yaml");
@@ -197,7 +206,14 @@ fn every_service_is_pinned_healthchecked_and_waits_for_healthy_dependencies() {
     for name in [
         "postgres",
         "redis",
-        "zookeeper",
+        "zk1",
+        "zk2",
+        "zk3",
+        "redis-master",
+        "redis-replica",
+        "sentinel-1",
+        "sentinel-2",
+        "sentinel-3",
         "mariadb",
         "gateway",
         "gateway-unfenced",
@@ -268,6 +284,7 @@ fn every_variable_compose_passes_is_one_the_binaries_accept_for_every_backend() 
     let mut checked = BTreeSet::new();
     for backend in [
         "redis",
+        "redis-sentinel",
         "zookeeper",
         "lease-postgres",
         "lease-mysql",
@@ -556,6 +573,55 @@ fn stack_script_gives_each_service_the_variables_and_settings_compose_gives_it()
     assert!(compared >= 7, "only {compared} services compared");
 }
 
+/// `scripts/stack services`: every service the stack knows.
+fn stack_services() -> BTreeSet<String> {
+    let out = Command::new(repo().join("scripts/stack"))
+        .arg("services")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .output()
+        .expect("run scripts/stack services");
+    assert!(
+        out.status.success(),
+        "scripts/stack services: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn compose_and_the_stack_script_define_the_same_services() {
+    let compose: BTreeSet<String> = services(&compose()).into_keys().collect();
+    let stack = stack_services();
+    assert_eq!(
+        compose.difference(&stack).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "in compose.yaml, not in scripts/stack"
+    );
+    assert_eq!(
+        stack.difference(&compose).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "in scripts/stack, not in compose.yaml"
+    );
+    // Issue 14: the ZooKeeper ensemble and the Sentinel group in both.
+    for name in [
+        "zk1",
+        "zk2",
+        "zk3",
+        "redis-master",
+        "redis-replica",
+        "sentinel-1",
+        "sentinel-2",
+        "sentinel-3",
+    ] {
+        assert!(stack.contains(name), "{name} is missing");
+    }
+}
+
 /// The file behind `/run/secrets/NAME` in `service`: the secret must be
 /// declared at the top level with a `file` and listed by the service.
 fn secret_file(compose: &Value, service: &Value, path: &str) -> PathBuf {
@@ -693,6 +759,19 @@ fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_readme_says() 
         assert_eq!(
             issuers["zookeeper"],
             format!("zookeeper://{}", worker["ZOOKEEPER_CONNECT"])
+        );
+        // The whole ensemble, and the sentinels with the master's name.
+        assert_eq!(
+            worker["ZOOKEEPER_CONNECT"].split(',').count(),
+            3,
+            "the workers connect to all three ZooKeeper servers"
+        );
+        assert_eq!(
+            issuers["redis-sentinel"],
+            format!(
+                "redis-sentinel://{}/{}",
+                worker["REDIS_SENTINELS"], worker["REDIS_SENTINEL_MASTER"]
+            )
         );
         assert_eq!(issuers["lease-postgres"], worker["DATABASE_URL"]);
         assert_eq!(issuers["lease-mysql"], worker["MYSQL_URL"]);
