@@ -153,9 +153,21 @@ impl Services {
         match self {
             Services::Redis(r) => Some(("redis", r.url())),
             Services::Redlock(_) => None,
-            Services::ZooKeeper(z) => {
-                Some(("zookeeper", format!("zookeeper://{}", z.connect_string())))
-            }
+            Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => Some((
+                "zookeeper",
+                format!(
+                    "zookeeper://{}",
+                    self.zookeeper_connect().expect("zookeeper")
+                ),
+            )),
+            Services::Sentinel(g) => Some((
+                "redis-sentinel",
+                format!(
+                    "redis-sentinel://{}/{}",
+                    g.sentinel_addrs().join(","),
+                    g.master_name()
+                ),
+            )),
             Services::Postgres { db, .. } => Some(("lease-postgres", db.clone())),
             Services::MariaDb { db, .. } => Some(("lease-mysql", db.clone())),
         }
