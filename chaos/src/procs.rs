@@ -347,11 +347,16 @@ pub struct GatewayProc {
 
 impl GatewayProc {
     pub async fn spawn(database_url: &str, fencing: bool) -> anyhow::Result<Self> {
+        Self::spawn_on(database_url, fencing, harness::free_port()).await
+    }
+
+    /// [`GatewayProc::spawn`] on a chosen port (a balancer's configuration
+    /// names it; a gateway started again after a kill takes it back).
+    pub async fn spawn_on(database_url: &str, fencing: bool, port: u16) -> anyhow::Result<Self> {
         let log = tempfile::Builder::new()
             .prefix("chaos-gateway-")
             .suffix(".log")
             .tempfile()?;
-        let port = harness::free_port();
         let child = Command::new(binary("gateway")?)
             .arg("--database-url")
             .arg(database_url)

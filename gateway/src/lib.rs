@@ -9,7 +9,8 @@
 //! # Layout
 //! - `lib.rs`: [`Config`], [`AppState`], [`app`], [`serve`], [`migrate`],
 //!   [`connect`] and [`spawn`] (a whole gateway on a free port, for tests).
-//! - [`db`]: the connection pool requests use (one round trip per request).
+//! - [`db`]: the connection pool requests use (one round trip per request),
+//!   and the multi-host `DATABASE_URL` that follows the primary.
 //! - [`store`]: the SQL. `sql/fenced_access.sql` is the one statement that
 //!   carries the safety argument; read its header comment.
 //! - [`http`]: routes, header and body validation, responses.
@@ -71,7 +72,9 @@ pub enum FenceCheck {
     about = "Page storage over HTTP that rejects stale fencing tokens"
 )]
 pub struct Config {
-    /// PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/pages
+    /// PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/pages; with a
+    /// standby: postgres://postgres@db1:5432,db2:5432/pages?target_session_attrs=read-write
+    /// (requests go to whichever server accepts writes).
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: String,
     /// Address to listen on.
@@ -108,6 +111,18 @@ impl AppState {
             metrics: Arc::new(Metrics::new()),
         }
     }
+
+    /// [`AppState::new`], with request connections that go wherever
+    /// `database_url` says: with several hosts and
+    /// `target_session_attrs=read-write`, to whichever accepts writes, so
+    /// requests follow a failover to the promoted standby (see [`db`]).
+    pub fn for_url(pool: PgPool, database_url: &str, fencing: FenceCheck) -> anyhow::Result<Self> {
+        let max = pool.options().get_max_connections();
+        let mut state = Self::new(pool, fencing);
+        state.db = db::Db::from_url(database_url, max)
+            .with_context(|| format!("database URL {}", redact(database_url)))?;
+        Ok(state)
+    }
 }
 
 /// The router with all its layers, ready to serve or to drive in tests.
@@ -133,10 +148,16 @@ pub fn pool_options(max_connections: u32) -> PgPoolOptions {
         .test_before_acquire(false)
 }
 
-/// Connect once (no retry).
+/// Connect once (no retry). With several hosts (see [`db`]), to the one that
+/// accepts writes now.
 pub async fn connect(database_url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    let target = db::Db::from_url(database_url, 1)
+        .with_context(|| format!("database URL {}", redact(database_url)))?
+        .writable_target()
+        .await
+        .with_context(|| format!("connect to {}", redact(database_url)))?;
     pool_options(max_connections)
-        .connect(database_url)
+        .connect_with(target)
         .await
         .with_context(|| format!("connect to {}", redact(database_url)))
 }
@@ -226,7 +247,7 @@ pub async fn spawn_with(
     migrate(&db).await?;
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
-    let state = AppState::new(db, fencing);
+    let state = AppState::for_url(db, database_url, fencing)?;
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(serve(listener, state.clone(), async {
         let _ = stopped.await;

@@ -30,7 +30,7 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(fencing = ?config.fencing, "listening on {}", listener.local_addr()?);
     gateway::serve(
         listener,
-        AppState::new(db.clone(), config.fencing),
+        AppState::for_url(db.clone(), &config.database_url, config.fencing)?,
         shutdown_signal(),
     )
     .await?;
