@@ -151,7 +151,11 @@ async fn postgres_failover(
             "fence kept: new primary's fence {fence_after}, highest token acknowledged before the kill {acked}"
         ));
     }
-    row.note(format!("paused holder: {}", ctx.outcome_of("paused")));
+    row.note(paused_outcome(
+        &ctx.log.all(),
+        &ctx.client("paused"),
+        failover.acknowledged_max,
+    ));
     if replication != Replication::Async {
         if backwards {
             row.note("EXPECTED the fence to survive a synchronous failover");
@@ -256,6 +260,39 @@ async fn failover_script(
     })
 }
 
+/// What the resumed holder's write came to, against what had been
+/// acknowledged before the kill.
+fn paused_outcome(events: &[Event], client: &str, acknowledged_max: Option<u64>) -> String {
+    let token = events
+        .iter()
+        .find(|e| e.client == client && e.kind() == "acquired")
+        .and_then(|e| e.u64("token"));
+    let last = events
+        .iter()
+        .filter(|e| e.client == client)
+        .filter(|e| matches!(e.kind(), "wrote" | "rejected" | "lost" | "error"))
+        .next_back();
+    let show = |t: Option<u64>| t.map_or("none".to_string(), |t| t.to_string());
+    let what = match last.map(Event::kind) {
+        Some("wrote") if token < acknowledged_max => format!(
+            "ACCEPTED although token {} had been acknowledged before the failover: a stale write",
+            show(acknowledged_max)
+        ),
+        Some("wrote") => "accepted: nothing newer than its token had been acknowledged (the \
+                          next holder's access never committed), so it is not stale; that \
+                          holder read it before writing"
+            .to_string(),
+        Some("rejected") => "refused by the fence (stale_token)".to_string(),
+        Some("lost") => "abandoned by its own lost-lock check".to_string(),
+        Some(other) => format!("ended in {other}"),
+        None => "did nothing visible".to_string(),
+    };
+    format!(
+        "paused holder (token {}) resumed: its write was {what}",
+        show(token)
+    )
+}
+
 /// Tokens the storage acknowledged to a client before `until` (unix ms): the
 /// token of each `wrote`, and the grant's token of each `read` (a fenced read
 /// that succeeded raised the fence to it).
@@ -321,6 +358,10 @@ async fn gateway_kill_script(
     ctx.log
         .wait_for("a first `wrote`", EVENT_WAIT, |e| e.kind() == "wrote")
         .await?;
+    // Load besides the two workers (who take turns under one lock): readers
+    // hammering the page through the balancer, so that requests are in
+    // flight on the victim when it dies.
+    let readers = Readers::start(&format!("{}/pages/{}", balancer.url(), ctx.page), 4);
     let armed = now_ms();
     ctx.log
         .wait_for("a PUT leaving a worker", EVENT_WAIT, |e| {
@@ -338,6 +379,7 @@ async fn gateway_kill_script(
             e.kind() == "wrote" && e.received_ms > killed_at
         })
         .await;
+    let (reads, failed_reads, first_read_failure) = readers.stop(killed_at).await;
     ctx.wait_all_exit().await?;
 
     let events = ctx.log.all();
@@ -352,10 +394,12 @@ async fn gateway_kill_script(
     let first_failure = failed
         .first()
         .and_then(|e| e.str("message"))
-        .map(|m| format!(" (first: {})", m.chars().take(120).collect::<String>()))
+        .map(|m| format!(" (first: {})", without_urls(m)))
         .unwrap_or_default();
     row.note(format!(
-        "gateway 1 of 2 SIGKILLed as a PUT left a worker; balancer marked it DOWN after {}; {} request(s) failed after the kill{first_failure}; {acked_after} edit(s) acknowledged after it through the other gateway",
+        "gateway 1 of 2 SIGKILLed as a PUT left a worker; balancer marked it DOWN after {}; \
+         background reads through the balancer: {failed_reads} of {reads} failed{first_read_failure}; \
+         the workers' requests: {} failed after the kill{first_failure}; {acked_after} edit(s) acknowledged after it through the other gateway",
         match &marked_down {
             Ok(()) => format!("{down_after} ms"),
             Err(e) => format!("NEVER ({e})"),
@@ -366,4 +410,118 @@ async fn gateway_kill_script(
         row.note("EXPECTED edits to go on through the surviving gateway");
     }
     Ok(())
+}
+
+/// Concurrent readers of one URL, counting what fails.
+struct Readers {
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<(u64, Vec<(i64, String)>)>>,
+}
+
+impl Readers {
+    fn start(url: &str, n: usize) -> Self {
+        let (stop, _) = tokio::sync::watch::channel(false);
+        let tasks = (0..n)
+            .map(|_| {
+                let url = url.to_string();
+                let stopped = stop.subscribe();
+                tokio::spawn(async move {
+                    let http = reqwest::Client::new();
+                    let (mut n, mut failures) = (0, vec![]);
+                    while !*stopped.borrow() {
+                        n += 1;
+                        let outcome = http
+                            .get(&url)
+                            .timeout(Duration::from_secs(5))
+                            .send()
+                            .await
+                            .map(|r| r.status());
+                        match outcome {
+                            Ok(s) if s.is_success() => {}
+                            Ok(s) => failures.push((now_ms(), s.to_string())),
+                            Err(e) => failures.push((now_ms(), error_chain(&e))),
+                        }
+                    }
+                    (n, failures)
+                })
+            })
+            .collect();
+        Self { stop, tasks }
+    }
+
+    /// Stop; `(requests, failed, " (first: ... N ms after the kill)")`.
+    async fn stop(self, killed_at: i64) -> (u64, u64, String) {
+        self.stop.send_replace(true);
+        let (mut total, mut failures) = (0, vec![]);
+        for t in self.tasks {
+            if let Ok((n, f)) = t.await {
+                total += n;
+                failures.extend(f);
+            }
+        }
+        failures.sort();
+        let first = failures
+            .first()
+            .map(|(at, what)| format!(" (first: {what}, {} ms after the kill)", at - killed_at))
+            .unwrap_or_default();
+        (total, failures.len() as u64, first)
+    }
+}
+
+/// An error and its sources, `a: b: c`, without the URLs.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        parts.push(s.to_string());
+        source = s.source();
+    }
+    without_urls(&parts.join(": "))
+}
+
+/// `... for url (http://x/y): ...` -> `...: ...`: the URLs only add noise to a table.
+fn without_urls(text: &str) -> String {
+    let mut out = text.to_string();
+    while let Some(start) = out.find(" (http") {
+        match out[start..].find(')') {
+            Some(end) => out.replace_range(start..start + end + 1, ""),
+            None => break,
+        }
+    }
+    out.replace(" for url", "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(client: &str, received_ms: i64, v: serde_json::Value) -> Event {
+        Event {
+            client: client.into(),
+            json: v,
+            received_ms,
+        }
+    }
+
+    #[test]
+    fn grants_count_once_read_and_writes_once_acknowledged() {
+        let events = vec![
+            ev("p", 1, json!({"event": "acquired", "token": 5})),
+            ev("p", 2, json!({"event": "read"})),
+            ev("o", 3, json!({"event": "acquired", "token": 7})),
+            ev("o", 9, json!({"event": "read"})),
+            ev("o", 10, json!({"event": "wrote", "token": 7})),
+        ];
+        assert_eq!(acknowledged_tokens(&events, 5), vec![5]);
+        assert_eq!(acknowledged_tokens(&events, 10), vec![5, 7, 7]);
+    }
+
+    #[test]
+    fn urls_are_left_out_of_messages() {
+        assert_eq!(
+            without_urls("error sending request for url (http://127.0.0.1:1/pages/x): reset"),
+            "error sending request: reset"
+        );
+    }
 }
