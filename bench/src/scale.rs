@@ -10,7 +10,7 @@
 //! are accepted, so every request is an accepted fenced write). CPU is read
 //! from /proc before and after each run: the gateways, PostgreSQL (the
 //! postmaster, its live backends and the ones it reaped), HAProxy, and this
-//! process (the load generator).
+//! process with the children it reaped (the HTTP load generator; pgbench).
 //!
 //! Its own load generator and pgbench driver are small copies of the ones in
 //! `gateway.rs`, kept apart so that `bench gateway` can change freely.
@@ -238,17 +238,28 @@ struct Pids {
 impl Pids {
     fn cpu(&self) -> Cpu {
         Cpu {
-            gateways: self.gateways.iter().map(|&p| cpu_of(p, false)).sum(),
-            postgres: self.postgres.map_or(0.0, |p| cpu_of(p, true)),
-            haproxy: self.haproxy.map_or(0.0, |p| cpu_of(p, false)),
-            load: cpu_of(std::process::id(), false),
+            gateways: self.gateways.iter().map(|&p| cpu_of(p, Children::No)).sum(),
+            postgres: self.postgres.map_or(0.0, |p| cpu_of(p, Children::All)),
+            haproxy: self.haproxy.map_or(0.0, |p| cpu_of(p, Children::No)),
+            // With its reaped children: pgbench runs as one. The gateways,
+            // PostgreSQL and HAProxy are live children, counted above.
+            load: cpu_of(std::process::id(), Children::Reaped),
         }
     }
 }
 
-/// CPU seconds of `pid` (user + system), with `children`: plus its reaped
-/// children and its live ones (PostgreSQL forks a backend per connection).
-fn cpu_of(pid: u32, children: bool) -> f64 {
+/// Which children's CPU counts with a process's own.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Children {
+    No,
+    /// Those it has waited for (their time is in its `cutime`/`cstime`).
+    Reaped,
+    /// Reaped ones and live ones (PostgreSQL forks a backend per connection).
+    All,
+}
+
+/// CPU seconds of `pid` (user + system), with `children` as said.
+fn cpu_of(pid: u32, children: Children) -> f64 {
     // USER_HZ: the unit of /proc/PID/stat's times, 100 on Linux.
     const TICKS: f64 = 100.0;
     let fields = |pid: u32| -> Vec<u64> {
@@ -268,8 +279,9 @@ fn cpu_of(pid: u32, children: bool) -> f64 {
             .unwrap_or_default()
     };
     let own = fields(pid);
-    let mut ticks: u64 = own.iter().take(if children { 4 } else { 2 }).sum();
-    if children {
+    let with_reaped = if children == Children::No { 2 } else { 4 };
+    let mut ticks: u64 = own.iter().take(with_reaped).sum();
+    if children == Children::All {
         for child in children_of(pid) {
             ticks += fields(child).iter().take(2).sum::<u64>();
         }
@@ -514,7 +526,7 @@ async fn pgbench(
 
 fn table(results: &[(Setup, usize, Vec<Measured>)]) -> String {
     let mut t = String::from(
-        "| connections | setup | PUT/s (median, min..max) | vs 1 gateway | p50 / p99 ms | CPU ms per 1000 PUTs: gateways / PostgreSQL / HAProxy / load generator |\n\
+        "| connections | setup | PUT/s (median, min..max) | vs 1 gateway | p50 / p99 ms | CPU ms per 1000 PUTs: gateways / PostgreSQL / HAProxy / load generator (or pgbench) |\n\
          |---:|---|---:|---:|---:|---:|\n",
     );
     for (setup, clients, runs) in results {
