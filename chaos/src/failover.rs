@@ -267,11 +267,9 @@ fn paused_outcome(events: &[Event], client: &str, acknowledged_max: Option<u64>)
         .iter()
         .find(|e| e.client == client && e.kind() == "acquired")
         .and_then(|e| e.u64("token"));
-    let last = events
-        .iter()
-        .filter(|e| e.client == client)
-        .filter(|e| matches!(e.kind(), "wrote" | "rejected" | "lost" | "error"))
-        .next_back();
+    let last = events.iter().rfind(|e| {
+        e.client == client && matches!(e.kind(), "wrote" | "rejected" | "lost" | "error")
+    });
     let show = |t: Option<u64>| t.map_or("none".to_string(), |t| t.to_string());
     let what = match last.map(Event::kind) {
         Some("wrote") if token < acknowledged_max => format!(
@@ -412,10 +410,13 @@ async fn gateway_kill_script(
     Ok(())
 }
 
+/// Requests made, and the failed ones as (unix ms, what).
+type ReaderTally = (u64, Vec<(i64, String)>);
+
 /// Concurrent readers of one URL, counting what fails.
 struct Readers {
     stop: tokio::sync::watch::Sender<bool>,
-    tasks: Vec<tokio::task::JoinHandle<(u64, Vec<(i64, String)>)>>,
+    tasks: Vec<tokio::task::JoinHandle<ReaderTally>>,
 }
 
 impl Readers {
