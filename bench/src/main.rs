@@ -5,6 +5,7 @@
 //! # Layout
 //! - `stats.rs`: samples, quantiles, medians.
 //! - `gateway.rs`: fenced PUTs through the gateway beside pgbench running the same SQL.
+//! - `trust.rs`: fenced PUTs with real grants, without and with keys and issuer checks.
 //! - `locks.rs`: Redis and lease-table backends beside redis-benchmark, pgbench and Python's redis Lock.
 //! - `zookeeper.rs`: the ZooKeeper lock beside kazoo and raw create/delete.
 //! - `redlock.rs`: Redlock N=3/5 beside the single instance and rslock.
@@ -20,6 +21,7 @@ mod redlock;
 mod scale;
 mod stats;
 mod tools;
+mod trust;
 mod zookeeper;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +39,9 @@ enum What {
     Locks(locks::Args),
     /// Fenced PUTs through the gateway beside pgbench running the same SQL.
     Gateway(gateway::Args),
+    /// What the issuer check costs: fenced PUTs with real grants per backend,
+    /// without keys, with keys, with keys and the issuer check.
+    Trust(trust::Args),
     /// Redlock N=3/5 beside the single-instance lock, rslock and bare round trips.
     Redlock(redlock::Args),
     /// The fair ZooKeeper lock beside kazoo's Lock and raw create/getChildren/delete.
@@ -53,6 +58,7 @@ fn main() -> anyhow::Result<()> {
     match cli.what {
         What::Locks(args) => runtime.block_on(locks::run(args)),
         What::Gateway(args) => runtime.block_on(gateway::run(args)),
+        What::Trust(args) => runtime.block_on(trust::run(args)),
         What::Redlock(args) => runtime.block_on(redlock::run(args)),
         What::Zookeeper(args) => runtime.block_on(zookeeper::run(args)),
         What::Compare(args) => runtime.block_on(compare::run(args)),

@@ -43,6 +43,8 @@ pub struct Args {
 }
 
 const BODY_LEN: usize = 100;
+/// Whose key the load sends (one the chaos gateways know).
+const BENCH_CLIENT: &str = "a";
 
 /// One way of sending the load.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -93,8 +95,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let pg_pid = pg.process().pid();
     let url = pg.create_database().await;
     let db = url.rsplit('/').next().context("database name")?.to_owned();
-    let gw1 = GatewayProc::spawn(&url, true).await?;
-    let gw2 = GatewayProc::spawn(&url, true).await?;
+    // Keyed, as in the demo (one chaos client's key); no issuer check: the
+    // tokens here are the bench's own, granted by no lock service.
+    let gw1 = GatewayProc::spawn(&url, true, None).await?;
+    let gw2 = GatewayProc::spawn(&url, true, None).await?;
     let mut lb1 = Haproxy::start(&[gw1.port()]).await;
     let mut lb2 = Haproxy::start(&[gw1.port(), gw2.port()]).await;
     for lb in [&lb1, &lb2] {
@@ -379,6 +383,8 @@ struct HttpConn {
     stream: tokio::io::BufReader<tokio::net::TcpStream>,
     request: Vec<u8>,
     line: String,
+    /// The API key of [`BENCH_CLIENT`].
+    key: String,
 }
 
 impl HttpConn {
@@ -389,6 +395,7 @@ impl HttpConn {
             stream: tokio::io::BufReader::new(stream),
             request: Vec::with_capacity(512),
             line: String::new(),
+            key: chaos::procs::api_key(BENCH_CLIENT),
         })
     }
 
@@ -399,7 +406,8 @@ impl HttpConn {
         write!(
             self.request,
             "PUT /pages/{id} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n\
-             fencing-token: {token}\r\nclient-id: bench\r\ncontent-length: {}\r\n\r\n{json}",
+             fencing-token: {token}\r\nauthorization: Bearer {}\r\ncontent-length: {}\r\n\r\n{json}",
+            self.key,
             json.len()
         )?;
         self.stream.get_mut().write_all(&self.request).await?;

@@ -98,6 +98,31 @@ impl Services {
         }
     }
 
+    /// The gateway's issuer for this backend's tokens (`Fencing-Issuer` name
+    /// and URL): the very server the workers take their locks from. `None`
+    /// for Redlock, which mints no token.
+    pub fn issuer(&self) -> Option<(String, String)> {
+        match self.backend {
+            Backend::Redis => Some(("redis".into(), self.redis[0].url())),
+            Backend::Redlock => None,
+            Backend::Zookeeper => {
+                let zk = self.zookeeper.as_ref().expect("zookeeper started");
+                Some((
+                    "zookeeper".into(),
+                    format!("zookeeper://{}", zk.connect_string()),
+                ))
+            }
+            Backend::LeasePostgres => Some((
+                "lease-postgres".into(),
+                self.lease_url.clone().expect("lease db created"),
+            )),
+            Backend::LeaseMysql => Some((
+                "lease-mysql".into(),
+                self.lease_url.clone().expect("lease db created"),
+            )),
+        }
+    }
+
     /// The worker flags that select this backend. `via` maps a server port to
     /// the port the worker should use instead (a delay proxy), if any.
     pub fn worker_args(&self, via: &HashMap<u16, u16>) -> Vec<(String, String)> {

@@ -109,7 +109,7 @@ async fn postgres_failover(
 ) -> anyhow::Result<()> {
     let mut pg = PostgresPair::start(replication).await;
     let url = pg.create_database().await;
-    let gateway = GatewayProc::spawn(&url, fencing).await?;
+    let gateway = GatewayProc::spawn(&url, fencing, services.issuer().as_ref()).await?;
     let log = EventLog::default();
     let mut ctx = Ctx {
         services,
@@ -280,7 +280,13 @@ fn paused_outcome(events: &[Event], client: &str, acknowledged_max: Option<u64>)
                           next holder's access never committed), so it is not stale; that \
                           holder read it before writing"
             .to_string(),
-        Some("rejected") => "refused by the fence (stale_token)".to_string(),
+        Some("rejected") => match last.and_then(|e| e.str("error")) {
+            Some("stale_token") => "refused by the fence (stale_token)".to_string(),
+            Some("token_not_current") => "refused by the issuer check (token_not_current: \
+                                          the lock service no longer grants that token)"
+                .to_string(),
+            other => format!("refused ({})", other.unwrap_or("?")),
+        },
         Some("lost") => "abandoned by its own lost-lock check".to_string(),
         Some(other) => format!("ended in {other}"),
         None => "did nothing visible".to_string(),
@@ -320,8 +326,9 @@ async fn gateway_kill(
     row: &mut Row,
 ) -> anyhow::Result<()> {
     let db = harness::fresh_database().await;
-    let victim = GatewayProc::spawn(&db, fencing).await?;
-    let survivor = GatewayProc::spawn(&db, fencing).await?;
+    let issuer = services.issuer();
+    let victim = GatewayProc::spawn(&db, fencing, issuer.as_ref()).await?;
+    let survivor = GatewayProc::spawn(&db, fencing, issuer.as_ref()).await?;
     let balancer = Haproxy::start(&[victim.port(), survivor.port()]).await;
     balancer
         .wait_up(2, Duration::from_secs(30))

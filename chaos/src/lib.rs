@@ -217,7 +217,7 @@ async fn run_row(
         // Its own PostgreSQL and gateway: this one gets killed.
         let mut pg = harness::Postgres::start().await;
         let db = pg.create_database().await;
-        let gateway = GatewayProc::spawn(&db, fencing).await?;
+        let gateway = GatewayProc::spawn(&db, fencing, services.issuer().as_ref()).await?;
         let mut ctx = Ctx {
             services,
             gateway: &gateway,
@@ -234,7 +234,8 @@ async fn run_row(
 
     if !gateways.iter().any(|(f, _)| *f == fencing) {
         let db = harness::fresh_database().await;
-        gateways.push((fencing, GatewayProc::spawn(&db, fencing).await?));
+        let gateway = GatewayProc::spawn(&db, fencing, services.issuer().as_ref()).await?;
+        gateways.push((fencing, gateway));
     }
     let gateway = &gateways
         .iter()

@@ -5,6 +5,10 @@
 //! SIGSTOP stops a whole client, a SIGKILL is a real crash, and a worker can run
 //! under libfaketime. Build them first: `cargo build -p worker -p gateway`
 //! (`scripts/test` does).
+//!
+//! Trust is on, as in the demo: the gateway requires API keys (one per client
+//! in [`CLIENTS`], each worker sends its own) and, with its fence on, checks
+//! every token with the lock service that issued it.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -105,6 +109,33 @@ fn built_binary(name: &str) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// Every worker a scenario starts, by role: the gateway knows a key for each
+/// (a scenario that starts another is refused with 401 and says so). One
+/// row's workers have different roles; rows use different pages, so the same
+/// role in two rows never shares a lock.
+pub const CLIENTS: &[&str] = &[
+    "paused",
+    "other",
+    "victim",
+    "before",
+    "after",
+    "first",
+    "second",
+    "a",
+    "b",
+    "slow",
+    "jumper",
+    "bystander0",
+    "bystander1",
+    "bystander2",
+    "bystander3",
+];
+
+/// The API key of a chaos client (never secret: test keys).
+pub fn api_key(client: &str) -> String {
+    format!("chaos-{client}-key-not-secret")
 }
 
 /// One JSONL event of a worker, with the runner's own receive time.
@@ -226,6 +257,8 @@ impl WorkerProc {
             .arg("jsonl")
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "worker=debug,info")
+            // In the environment rather than argv, as a real deployment would.
+            .env("WORKER_API_KEY", api_key(&spec.client))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr_log.reopen()?)
@@ -343,27 +376,72 @@ pub struct GatewayProc {
     child: Child,
     port: u16,
     log: tempfile::NamedTempFile,
+    _keys: tempfile::NamedTempFile,
 }
 
 impl GatewayProc {
-    pub async fn spawn(database_url: &str, fencing: bool) -> anyhow::Result<Self> {
-        Self::spawn_on(database_url, fencing, harness::free_port()).await
+    /// With the keys of [`CLIENTS`] required, and, with the fence on, every
+    /// token checked with `issuer` (`Fencing-Issuer` name, URL), if any.
+    pub async fn spawn(
+        database_url: &str,
+        fencing: bool,
+        issuer: Option<&(String, String)>,
+    ) -> anyhow::Result<Self> {
+        Self::spawn_on(database_url, fencing, issuer, harness::free_port()).await
     }
 
     /// [`GatewayProc::spawn`] on a chosen port (a balancer's configuration
     /// names it; a gateway started again after a kill takes it back).
-    pub async fn spawn_on(database_url: &str, fencing: bool, port: u16) -> anyhow::Result<Self> {
+    pub async fn spawn_on(
+        database_url: &str,
+        fencing: bool,
+        issuer: Option<&(String, String)>,
+        port: u16,
+    ) -> anyhow::Result<Self> {
+        let clients: Vec<String> = CLIENTS.iter().map(|c| c.to_string()).collect();
+        let issuers: Vec<(String, String)> = issuer.into_iter().cloned().collect();
+        Self::spawn_for(database_url, fencing, &issuers, &clients, port).await
+    }
+
+    /// A gateway on `port` that knows the keys of `clients` (see [`api_key`])
+    /// and, with its fence on, checks tokens with every one of `issuers`
+    /// (`Fencing-Issuer` name, URL).
+    pub async fn spawn_for(
+        database_url: &str,
+        fencing: bool,
+        issuers: &[(String, String)],
+        clients: &[String],
+        port: u16,
+    ) -> anyhow::Result<Self> {
         let log = tempfile::Builder::new()
             .prefix("chaos-gateway-")
             .suffix(".log")
             .tempfile()?;
-        let child = Command::new(binary("gateway")?)
-            .arg("--database-url")
+        let keys = tempfile::Builder::new()
+            .prefix("chaos-api-keys-")
+            .tempfile()?;
+        let lines: Vec<String> = clients
+            .iter()
+            .map(|c| format!("{c}={}", api_key(c)))
+            .collect();
+        std::fs::write(keys.path(), lines.join("\n") + "\n")?;
+        let mut cmd = Command::new(binary("gateway")?);
+        cmd.arg("--database-url")
             .arg(database_url)
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--fencing")
             .arg(if fencing { "enforce" } else { "off" })
+            .arg("--auth")
+            .arg("required")
+            .arg("--api-keys-file")
+            .arg(keys.path());
+        if fencing {
+            for (name, url) in issuers {
+                cmd.arg("--issuer").arg(format!("{name}={url}"));
+            }
+        }
+        let child = cmd
             .env("RUST_LOG", "gateway=info")
             .stdin(Stdio::null())
             .stdout(log.reopen()?)
@@ -371,7 +449,12 @@ impl GatewayProc {
             .kill_on_drop(true)
             .spawn()
             .context("spawn gateway")?;
-        let me = Self { child, port, log };
+        let me = Self {
+            child,
+            port,
+            log,
+            _keys: keys,
+        };
         let http = reqwest::Client::new();
         let url = format!("{}/healthz", me.url());
         let ready = harness::wait_until(Duration::from_secs(30), || async {

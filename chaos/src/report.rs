@@ -26,8 +26,14 @@ pub struct Row {
     pub acknowledged: u64,
     /// Acknowledged edits whose line is missing from the final page body.
     pub lost_updates: u64,
-    /// Writes the gateway refused with `stale_token`.
+    /// Stale accesses the gateway refused: `stale_token` (the fence) plus
+    /// `token_not_current` (the issuer check: the lock service no longer
+    /// named this client as the holder of that token).
     pub stale_rejected: u64,
+    /// Of those, refused by the fence (`stale_token`).
+    pub stale_token: u64,
+    /// Of those, refused by the issuer check (`token_not_current`).
+    pub token_not_current: u64,
     /// Accepted writes whose token is lower than an earlier accepted one.
     pub stale_accepted: u64,
     /// Pairs of lock-holding intervals (from `acquired` to `released`/`lost`/death)
@@ -50,6 +56,8 @@ impl Row {
             acknowledged: 0,
             lost_updates: 0,
             stale_rejected: 0,
+            stale_token: 0,
+            token_not_current: 0,
             stale_accepted: 0,
             double_holders: 0,
             notes: vec![],
@@ -113,12 +121,27 @@ pub fn parse_history(v: &Value) -> Vec<HistoryEntry> {
     out
 }
 
-/// Writes refused because their token was older than the fence.
-pub fn stale_rejected(history: &[HistoryEntry]) -> u64 {
-    history
-        .iter()
-        .filter(|e| e.outcome == "stale_token")
-        .count() as u64
+/// Accesses refused as stale: (by the fence, `stale_token`; by the issuer
+/// check, `token_not_current`).
+pub fn stale_rejected(history: &[HistoryEntry]) -> (u64, u64) {
+    let count = |outcome: &str| history.iter().filter(|e| e.outcome == outcome).count() as u64;
+    (count("stale_token"), count("token_not_current"))
+}
+
+/// The "stale rejected" cell: the total, and which check refused them.
+pub fn stale_rejected_cell(r: &Row) -> String {
+    let mut parts = vec![];
+    if r.stale_token > 0 {
+        parts.push(format!("{} stale_token", r.stale_token));
+    }
+    if r.token_not_current > 0 {
+        parts.push(format!("{} token_not_current", r.token_not_current));
+    }
+    if parts.is_empty() {
+        r.stale_rejected.to_string()
+    } else {
+        format!("{} ({})", r.stale_rejected, parts.join(", "))
+    }
 }
 
 /// Accepted writes (outcome `accepted`, or `stale` with the fence off) whose
@@ -258,7 +281,11 @@ pub fn table(rows: &[Row]) -> String {
             if r.fencing { "on" } else { "off" },
             r.acknowledged,
             r.lost_updates,
-            stale(r.stale_rejected),
+            if unfenced {
+                "n/a".to_string()
+            } else {
+                stale_rejected_cell(r)
+            },
             stale(r.stale_accepted),
             r.double_holders,
             notes.replace('|', "/").replace('\n', " ")
@@ -288,9 +315,24 @@ mod tests {
             {"id": 2, "method": "PUT", "outcome": "accepted", "token": 7, "issuer": "redis"},
             {"id": 3, "method": "PUT", "outcome": "stale", "token": 6, "issuer": "redis"},
             {"id": 4, "method": "PUT", "outcome": "stale_token", "token": 4, "issuer": "redis"},
+            {"id": 5, "method": "PUT", "outcome": "token_not_current", "token": 6, "issuer": "redis"},
+            {"id": 6, "method": "GET", "outcome": "token_not_current", "token": 6, "issuer": "redis"},
         ]));
         assert_eq!(stale_accepted(&h), 1);
-        assert_eq!(stale_rejected(&h), 1);
+        assert_eq!(stale_rejected(&h), (1, 2));
+    }
+
+    #[test]
+    fn the_stale_rejected_cell_says_which_check_refused() {
+        let mut r = Row::new("gc-pause-writing", "redis", true, 1);
+        assert_eq!(stale_rejected_cell(&r), "0");
+        (r.stale_token, r.token_not_current, r.stale_rejected) = (1, 2, 3);
+        assert_eq!(
+            stale_rejected_cell(&r),
+            "3 (1 stale_token, 2 token_not_current)"
+        );
+        (r.stale_token, r.token_not_current, r.stale_rejected) = (0, 1, 1);
+        assert_eq!(stale_rejected_cell(&r), "1 (1 token_not_current)");
     }
 
     #[test]

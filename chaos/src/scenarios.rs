@@ -163,7 +163,7 @@ impl Ctx<'_> {
         via: &HashMap<u16, u16>,
     ) -> WorkerSpec {
         let mut spec = WorkerSpec {
-            client: format!("{}-{client}", self.page),
+            client: self.client(client),
             args: self.services.worker_args(via),
             env: vec![],
         };
@@ -181,8 +181,10 @@ impl Ctx<'_> {
         spec
     }
 
+    /// A worker's client id: its role (one of [`crate::procs::CLIENTS`], so
+    /// the gateway has its key). The page is the row's own.
     pub(crate) fn client(&self, name: &str) -> String {
-        format!("{}-{name}", self.page)
+        name.to_string()
     }
 
     pub(crate) fn spawn(&mut self, spec: &WorkerSpec) -> anyhow::Result<usize> {
@@ -623,7 +625,10 @@ pub async fn collect(
     if !missing.is_empty() {
         row.note(format!("missing from the page: {}", missing.join(", ")));
     }
-    row.stale_rejected = report::stale_rejected(&history);
+    let (stale_token, token_not_current) = report::stale_rejected(&history);
+    row.stale_token = stale_token;
+    row.token_not_current = token_not_current;
+    row.stale_rejected = stale_token + token_not_current;
     row.stale_accepted = report::stale_accepted(&history);
     let ends: HashMap<String, i64> = workers
         .iter()

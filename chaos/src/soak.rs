@@ -153,8 +153,11 @@ pub struct PageReport {
     /// Rows of `page_history` (every fenced access and write attempt).
     pub attempts: u64,
     pub accepted_writes: u64,
-    /// Attempts refused with `stale_token`.
+    /// Attempts refused with `stale_token` (the storage's fence).
     pub stale_refused: u64,
+    /// Attempts refused with `token_not_current` (the issuer check: the lock
+    /// service no longer grants that token), before the fence was asked.
+    pub not_current_refused: u64,
     /// Accepted writes whose token is lower than one accepted before.
     pub stale_accepted: u64,
     /// Accepted accesses whose token is lower than the previous accepted one.
@@ -213,6 +216,7 @@ impl SoakReport {
             b.attempts += p.attempts;
             b.accepted_writes += p.accepted_writes;
             b.stale_refused += p.stale_refused;
+            b.not_current_refused += p.not_current_refused;
             b.stale_accepted += p.stale_accepted;
             b.token_decreases += p.token_decreases;
             b.lost += p.lost;
@@ -221,8 +225,8 @@ impl SoakReport {
             b.unacknowledged_lines += p.unacknowledged_lines;
         }
         let mut t = String::from(
-            "| backend | edits acknowledged | attempts in history | accepted writes | stale refused | stale accepted | tokens decreasing | lost | duplicated | acked, not in history | unacknowledged lines |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            "| backend | edits acknowledged | attempts in history | accepted writes | stale refused (fence) | refused (issuer check) | stale accepted | tokens decreasing | lost | duplicated | acked, not in history | unacknowledged lines |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         let mut all = PageReport {
             backend: "**all**".into(),
@@ -234,6 +238,7 @@ impl SoakReport {
             all.attempts += b.attempts;
             all.accepted_writes += b.accepted_writes;
             all.stale_refused += b.stale_refused;
+            all.not_current_refused += b.not_current_refused;
             all.stale_accepted += b.stale_accepted;
             all.token_decreases += b.token_decreases;
             all.lost += b.lost;
@@ -255,12 +260,13 @@ impl SoakReport {
 
 fn row_of(b: &PageReport) -> String {
     format!(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
         b.backend,
         b.acknowledged,
         b.attempts,
         b.accepted_writes,
         b.stale_refused,
+        b.not_current_refused,
         b.stale_accepted,
         b.token_decreases,
         b.lost,
@@ -306,6 +312,21 @@ impl LockServer {
             Backend::Redlock => bail!("the soak runs fenced backends only"),
         }
         Ok(me)
+    }
+
+    /// The gateways' `--issuer NAME=URL` for this server (the names the
+    /// worker sends as `Fencing-Issuer`).
+    fn issuer(&self) -> Option<(String, String)> {
+        let url = match self.backend {
+            Backend::Redis => self.redis.as_ref().map(Redis::url)?,
+            Backend::Zookeeper => format!(
+                "zookeeper://{}",
+                self.zookeeper.as_ref().map(ZooKeeper::connect_string)?
+            ),
+            Backend::LeasePostgres | Backend::LeaseMysql => self.lease_url.clone()?,
+            Backend::Redlock => return None,
+        };
+        Some((self.backend.name().to_string(), url))
     }
 
     fn port(&self) -> u16 {
@@ -402,6 +423,10 @@ struct Soak {
     db_url: String,
     gateway_ports: Vec<u16>,
     gateways: Vec<Option<GatewayProc>>,
+    /// The gateways' `--issuer`s: every lock server, by backend name.
+    issuers: Vec<(String, String)>,
+    /// The clients the gateways have keys for; workers take them in order.
+    clients: Vec<String>,
     balancer: Haproxy,
     locks: Vec<LockServer>,
     pages: Vec<Page>,
@@ -411,10 +436,24 @@ struct Soak {
     /// libfaketime offset files of the jumpers, alive until the end.
     clocks: Vec<tempfile::NamedTempFile>,
     faults: Vec<FaultRecord>,
-    next_client: u64,
+    next_client: usize,
+    /// Each client's role, for the fault log.
+    roles: HashMap<String, String>,
 }
 
 const FAULT_WAIT: Duration = Duration::from_secs(40);
+
+/// Soak client `i`: the worker's id, its key's client and the lock holder.
+fn client_name(i: usize) -> String {
+    format!("soak{i}")
+}
+
+/// How many clients get keys: the gateways read their keys once, and a soak
+/// starts workers as it goes (replacements, stragglers). A 30-minute run
+/// started 129; this leaves room for several times the rate.
+fn client_capacity(duration: Duration) -> usize {
+    64 + 12 * (duration.as_secs() as usize / 60 + 1)
+}
 
 /// Run the soak and check it.
 pub async fn run(config: SoakConfig) -> anyhow::Result<SoakReport> {
@@ -440,16 +479,6 @@ impl Soak {
             .and_then(|s| s.split('?').next())
             .context("database name")?
             .to_string();
-        let gateway_ports = vec![harness::free_port(), harness::free_port()];
-        let mut gateways = vec![];
-        for &port in &gateway_ports {
-            gateways.push(Some(GatewayProc::spawn_on(&db_url, true, port).await?));
-        }
-        let balancer = Haproxy::start(&gateway_ports).await;
-        balancer
-            .wait_up(2, Duration::from_secs(30))
-            .await
-            .map_err(|e| anyhow::anyhow!("balancer: {e}"))?;
         let mut locks = vec![];
         let mut pages = vec![];
         for &backend in &config.backends {
@@ -463,6 +492,24 @@ impl Soak {
                 });
             }
         }
+        // Trust on, as in the demo: every worker has its own key, and the
+        // gateways check every token with the lock server that issued it.
+        let issuers: Vec<(String, String)> = locks.iter().filter_map(LockServer::issuer).collect();
+        let clients: Vec<String> = (0..client_capacity(config.duration))
+            .map(client_name)
+            .collect();
+        let gateway_ports = vec![harness::free_port(), harness::free_port()];
+        let mut gateways = vec![];
+        for &port in &gateway_ports {
+            gateways.push(Some(
+                GatewayProc::spawn_for(&db_url, true, &issuers, &clients, port).await?,
+            ));
+        }
+        let balancer = Haproxy::start(&gateway_ports).await;
+        balancer
+            .wait_up(2, Duration::from_secs(30))
+            .await
+            .map_err(|e| anyhow::anyhow!("balancer: {e}"))?;
         let started = Instant::now();
         let deadline = started + config.duration;
         let mut me = Self {
@@ -475,6 +522,8 @@ impl Soak {
             db_url,
             gateway_ports,
             gateways,
+            issuers,
+            clients,
             balancer,
             locks,
             pages,
@@ -483,6 +532,7 @@ impl Soak {
             clocks: vec![],
             faults: vec![],
             next_client: 0,
+            roles: HashMap::new(),
         };
         for page in 0..me.pages.len() {
             for _ in 0..me.config.workers_per_page {
@@ -498,22 +548,35 @@ impl Soak {
         Ok(me)
     }
 
-    fn client(&mut self, page: usize, role: &str) -> String {
+    /// The next client with a key (see [`client_capacity`]).
+    fn client(&mut self) -> anyhow::Result<String> {
+        let client = self
+            .clients
+            .get(self.next_client)
+            .cloned()
+            .with_context(|| {
+                format!(
+                    "all {} clients with keys are taken (see client_capacity)",
+                    self.clients.len()
+                )
+            })?;
         self.next_client += 1;
-        format!("{}-{role}{}", self.pages[page].name, self.next_client)
+        Ok(client)
     }
 
+    /// A worker of `page` in `role` (`w` editor, `gc`, `dw`, `cj` stragglers).
     fn spec(
         &mut self,
         page: usize,
         role: &str,
         gateway: &str,
         lock_proxy: Option<u16>,
-    ) -> WorkerSpec {
-        let client = self.client(page, role);
+    ) -> anyhow::Result<WorkerSpec> {
+        let client = self.client()?;
+        self.roles.insert(client.clone(), role.to_string());
         let work_ms = self.rng.random_range(20..=150);
         let lock = &self.locks[self.pages[page].lock];
-        WorkerSpec {
+        Ok(WorkerSpec {
             client,
             args: lock.worker_args(lock_proxy),
             env: vec![],
@@ -523,14 +586,22 @@ impl Soak {
         .arg("--ttl", "2s")
         .arg("--wait", "20s")
         .arg("--work-ms", work_ms)
-        .arg("--fencing", "on")
+        .arg("--fencing", "on"))
+    }
+
+    /// `client (role)`, for the fault log.
+    fn who(&self, client: &str) -> String {
+        match self.roles.get(client) {
+            Some(role) => format!("{client} ({role})"),
+            None => client.to_string(),
+        }
     }
 
     fn spawn_editor(&mut self, page: usize) -> anyhow::Result<()> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         let gateway = self.balancer.url();
         let spec = self
-            .spec(page, "w", &gateway, None)
+            .spec(page, "w", &gateway, None)?
             .arg("--duration", format!("{}ms", left.as_millis().max(1)));
         let proc = WorkerProc::spawn(&spec, &self.pages[page].log)?;
         self.editors.push(Editor { page, proc });
@@ -590,7 +661,7 @@ impl Soak {
                 let i = self.rng.random_range(0..self.editors.len());
                 let pause = Duration::from_millis(self.rng.random_range(500..=4000));
                 let editor = &self.editors[i];
-                record.target = editor.proc.client.clone();
+                record.target = self.who(&editor.proc.client);
                 record.detail = format!("stopped {} ms", pause.as_millis());
                 editor.proc.pause();
                 tokio::time::sleep(pause).await;
@@ -599,7 +670,7 @@ impl Soak {
             Fault::KillWorker => {
                 let i = self.rng.random_range(0..self.editors.len());
                 let mut editor = self.editors.swap_remove(i);
-                record.target = editor.proc.client.clone();
+                record.target = self.who(&editor.proc.client);
                 editor.proc.crash().await;
                 let page = editor.page;
                 self.others.push((page, editor.proc));
@@ -613,7 +684,7 @@ impl Soak {
                 let page = self.rng.random_range(0..self.pages.len());
                 let gateway = self.balancer.url();
                 let spec = self
-                    .spec(page, "gc", &gateway, None)
+                    .spec(page, "gc", &gateway, None)?
                     .arg("--edits", 1)
                     .arg("--stop-self-at", "writing");
                 record.target = spec.client.clone();
@@ -647,7 +718,7 @@ impl Soak {
                 let lock_proxy = DelayProxy::start(([127, 0, 0, 1], lock_port).into()).await?;
                 let gateway = format!("http://127.0.0.1:{}", gw_proxy.port());
                 let spec = self
-                    .spec(page, "dw", &gateway, Some(lock_proxy.port()))
+                    .spec(page, "dw", &gateway, Some(lock_proxy.port()))?
                     .arg("--edits", 1);
                 record.target = spec.client.clone();
                 self.spawn_other(page, &spec)?;
@@ -692,7 +763,7 @@ impl Soak {
                 let offset = tempfile::NamedTempFile::new()?;
                 std::fs::write(offset.path(), "+0\n")?;
                 let gateway = self.balancer.url();
-                let mut spec = self.spec(page, "cj", &gateway, None).arg("--edits", 3);
+                let mut spec = self.spec(page, "cj", &gateway, None)?.arg("--edits", 3);
                 spec.env = vec![
                     ("LD_PRELOAD".into(), crate::scenarios::LIBFAKETIME.into()),
                     (
@@ -774,8 +845,16 @@ impl Soak {
                 let down_after = killed.elapsed();
                 self.gateways[i] = None;
                 tokio::time::sleep(down_for).await;
-                self.gateways[i] =
-                    Some(GatewayProc::spawn_on(&self.db_url, true, self.gateway_ports[i]).await?);
+                self.gateways[i] = Some(
+                    GatewayProc::spawn_for(
+                        &self.db_url,
+                        true,
+                        &self.issuers,
+                        &self.clients,
+                        self.gateway_ports[i],
+                    )
+                    .await?,
+                );
                 self.balancer
                     .wait_up(2, Duration::from_secs(30))
                     .await
@@ -877,8 +956,10 @@ pub fn check_page(
     // 1. Accepted tokens never decrease in commit order.
     let mut highest: Option<(i64, i64)> = None;
     for a in attempts {
-        if a.outcome == "stale_token" {
-            r.stale_refused += 1;
+        match a.outcome.as_str() {
+            "stale_token" => r.stale_refused += 1,
+            "token_not_current" => r.not_current_refused += 1,
+            _ => {}
         }
         if a.accepted() && a.method == "PUT" {
             r.accepted_writes += 1;

@@ -2,7 +2,8 @@
 //! writes the JSON body `{"error": "<code>", "message": "...", ...details}`.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::http::StatusCode;
+use axum::http::header::WWW_AUTHENTICATE;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fencelock::Token;
@@ -14,6 +15,32 @@ use crate::store::Fence;
 /// Everything the gateway can answer besides success.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// 401 `unauthorized` with `WWW-Authenticate: Bearer`: a write or a
+    /// fenced request without a known key (or the admin endpoint without one).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// 403 `client_id_mismatch`: `Client-Id` names another client than the key's.
+    #[error("Client-Id {sent:?} is not the client of this API key ({client:?}); omit Client-Id or send the key's client")]
+    ClientIdMismatch { sent: String, client: String },
+    /// 403 `forbidden`: a writer's key on the admin endpoint.
+    #[error("this endpoint needs an admin key; a writer's key is not one")]
+    Forbidden,
+    /// 409 `unknown_issuer`: `Fencing-Issuer` is not a lock service this gateway checks tokens with.
+    #[error("this gateway checks fencing tokens with the issuers {known:?}; {issuer:?} is not one of them (send Fencing-Issuer with your lock service's name)")]
+    UnknownIssuer { issuer: String, known: Vec<String> },
+    /// 409 `token_not_current`: the issuer says the lock is not held right now
+    /// by this client with this token (guessed, copied, from the future, or expired).
+    #[error("{message}")]
+    TokenNotCurrent {
+        issuer: String,
+        offered: Token,
+        holder: Option<Token>,
+        message: String,
+    },
+    /// 503 `issuer_unavailable`: the issuer could not be asked (unreachable,
+    /// erroring, or slower than the issuer timeout). Fail closed: nothing written.
+    #[error("the lock service {issuer:?} that issued this token cannot be asked right now, so the token cannot be checked; retry later")]
+    IssuerUnavailable { issuer: String, detail: String },
     /// 409 `stale_token`: the token is lower than the page's fence.
     #[error("fencing token {offered} is older than the page's fence {current}")]
     StaleToken {
@@ -70,9 +97,19 @@ impl ApiError {
         }
     }
 
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::Unauthorized(message.into())
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::StaleToken { .. } | Self::IssuerMismatch { .. } => StatusCode::CONFLICT,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::ClientIdMismatch { .. } | Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::StaleToken { .. }
+            | Self::IssuerMismatch { .. }
+            | Self::UnknownIssuer { .. }
+            | Self::TokenNotCurrent { .. } => StatusCode::CONFLICT,
+            Self::IssuerUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::VersionMismatch { .. } => StatusCode::PRECONDITION_FAILED,
             Self::FencingTokenRequired => StatusCode::PRECONDITION_REQUIRED,
             Self::PageNotFound { .. } | Self::NoRoute(_) => StatusCode::NOT_FOUND,
@@ -88,6 +125,12 @@ impl ApiError {
 
     pub fn code(&self) -> &'static str {
         match self {
+            Self::Unauthorized(_) => "unauthorized",
+            Self::ClientIdMismatch { .. } => "client_id_mismatch",
+            Self::Forbidden => "forbidden",
+            Self::UnknownIssuer { .. } => "unknown_issuer",
+            Self::TokenNotCurrent { .. } => "token_not_current",
+            Self::IssuerUnavailable { .. } => "issuer_unavailable",
             Self::StaleToken { .. } => "stale_token",
             Self::IssuerMismatch { .. } => "issuer_mismatch",
             Self::VersionMismatch { .. } => "version_mismatch",
@@ -106,6 +149,15 @@ impl ApiError {
 
     fn details(&self) -> Map<String, Value> {
         let value = match self {
+            Self::ClientIdMismatch { client, .. } => json!({"client_id": client}),
+            Self::UnknownIssuer { issuer, known } => json!({"issuer": issuer, "known": known}),
+            Self::TokenNotCurrent {
+                issuer,
+                offered,
+                holder,
+                ..
+            } => json!({"issuer": issuer, "offered_token": offered, "holder_token": holder}),
+            Self::IssuerUnavailable { issuer, .. } => json!({"issuer": issuer}),
             Self::StaleToken {
                 offered,
                 current,
@@ -160,6 +212,9 @@ impl IntoResponse for ApiError {
         match &self {
             Self::DatabaseUnavailable(e) => tracing::warn!(error = %e, "database unavailable"),
             Self::Internal(e) => tracing::error!(error = %e, "internal error"),
+            Self::IssuerUnavailable { issuer, detail } => {
+                tracing::warn!(issuer = %issuer, error = %detail, "issuer unavailable");
+            }
             _ => {}
         }
         let mut body = Map::new();
@@ -167,6 +222,11 @@ impl IntoResponse for ApiError {
         body.insert("message".into(), self.to_string().into());
         body.extend(self.details());
         let mut response = (self.status(), Json(Value::Object(body))).into_response();
+        if matches!(self, Self::Unauthorized(_)) {
+            response
+                .headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         response.extensions_mut().insert(Outcome(self.code()));
         response
     }

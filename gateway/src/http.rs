@@ -1,6 +1,7 @@
-//! Routes, request validation and responses. Every decision about a page is
-//! taken by the database in [`store::fenced_access`]; this file only parses
-//! and answers.
+//! Routes, request validation and responses. Every decision about a page's
+//! fence is taken by the database in [`store::fenced_access`]; before it, this
+//! file authenticates the caller ([`crate::auth`]) and asks the token's issuer
+//! whether the token is current ([`check_with_issuer`]).
 
 use std::time::Duration;
 
@@ -9,10 +10,10 @@ use axum::extract::{
 };
 use axum::http::header::{ETAG, IF_MATCH};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -20,9 +21,11 @@ use serde_json::json;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
+use crate::auth::{self, AuthMode};
 use crate::error::ApiError;
+use crate::issuers::{lock_name, valid_issuer_name};
 use crate::metrics::{self, Outcome};
-use crate::store::{self, Access, Page, Verdict};
+use crate::store::{self, Access, Fence, Page, Verdict};
 use crate::{AppState, FenceCheck};
 use fencelock::Token;
 
@@ -37,9 +40,11 @@ pub fn router(state: AppState) -> Router {
         .route("/pages", get(list_pages))
         .route("/pages/{id}", get(get_page).put(put_page))
         .route("/pages/{id}/history", get(page_history))
+        .route("/admin/pages/{id}/fence", post(admin_set_fence))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .merge(crate::dashboard::router())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -126,20 +131,69 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T>
     }
 }
 
-/// The fencing headers of a request, validated.
+/// The fencing headers of a request, validated, with its caller
+/// authenticated where it must be.
 #[derive(Debug)]
 pub struct FencingHeaders {
     pub token: Option<Token>,
     pub issuer: String,
+    /// The key's client when the request was authenticated (whatever
+    /// `Client-Id` said, which may only repeat it); else `Client-Id`.
     pub client_id: Option<String>,
     pub if_match: Option<i64>,
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for FencingHeaders {
+impl FromRequestParts<AppState> for FencingHeaders {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        parse_headers(&parts.headers)
+    /// A PUT, and any request carrying `Fencing-Token`, needs a writer's key
+    /// when authentication is required: 401 before anything else is looked
+    /// at, then 400 for malformed headers, then 403 for a `Client-Id` that is
+    /// not the key's client. Plain reads pass unauthenticated.
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let needs_key = state.trust.auth == AuthMode::Required
+            && (parts.method == Method::PUT || parts.headers.contains_key("fencing-token"));
+        let client = if needs_key {
+            Some(auth::authenticate(&state.trust.writers, &parts.headers)?.to_owned())
+        } else {
+            None
+        };
+        let mut h = parse_headers(&parts.headers)?;
+        if let Some(client) = client {
+            match h.client_id.take() {
+                Some(sent) if sent != client => {
+                    return Err(ApiError::ClientIdMismatch { sent, client });
+                }
+                _ => h.client_id = Some(client),
+            }
+        }
+        Ok(h)
+    }
+}
+
+/// The admin a request's key names: 401 without a known key, 403 for a
+/// writer's key.
+pub struct Admin(pub String);
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let trust = &state.trust;
+        let Some(key) = auth::bearer(&parts.headers)? else {
+            return Err(ApiError::unauthorized(if trust.admins.is_empty() {
+                "this gateway has no admin key configured (GATEWAY_ADMIN_KEYS)"
+            } else {
+                "the admin endpoint needs Authorization: Bearer <admin key>"
+            }));
+        };
+        if let Some(name) = trust.admins.find(key) {
+            return Ok(Admin(name.to_owned()));
+        }
+        if trust.writers.find(key).is_some() {
+            return Err(ApiError::Forbidden);
+        }
+        Err(ApiError::unauthorized("unknown admin key"))
     }
 }
 
@@ -179,13 +233,7 @@ pub fn parse_headers(headers: &HeaderMap) -> Result<FencingHeaders, ApiError> {
     let issuer = match header(headers, "fencing-issuer", "invalid_fencing_issuer")? {
         None => "default".to_owned(),
         Some(s) => {
-            let valid = (1..=64).contains(&s.len())
-                && s.bytes().all(|b| {
-                    b.is_ascii_lowercase()
-                        || b.is_ascii_digit()
-                        || matches!(b, b'.' | b'_' | b':' | b'-')
-                });
-            if !valid {
+            if !valid_issuer_name(s) {
                 return Err(ApiError::bad_request(
                     "invalid_fencing_issuer",
                     format!("Fencing-Issuer must match [a-z0-9._:-]{{1,64}}, got {s:?}"),
@@ -292,6 +340,7 @@ async fn get_page(
             .ok_or(ApiError::PageNotFound { id, fence: None })?;
         return Ok(page_response(StatusCode::OK, page, "read"));
     };
+    check_with_issuer(&state, &id, "GET", &h).await?;
     let access = Access {
         id: &id,
         write: None,
@@ -329,6 +378,7 @@ async fn put_page(
     if enforce && h.token.is_none() {
         return Err(ApiError::FencingTokenRequired);
     }
+    check_with_issuer(&state, &id, "PUT", &h).await?;
     let access = Access {
         id: &id,
         write: Some(&put.body),
@@ -357,6 +407,163 @@ async fn put_page(
         "written"
     );
     Ok(page_response(status, page, outcome_label(verdict)))
+}
+
+/// Chubby's `CheckSequencer`: before the fenced statement, ask the token's
+/// issuer whether lock `page:<id>` is held right now by this client with
+/// exactly this token. Runs only when fencing is enforced and issuers are
+/// configured. Refuses a token nobody was granted (guessed, from the future),
+/// one granted to another client (copied), and one whose lease has ended.
+///
+/// The check and the write are NOT atomic: the lease can end, and another
+/// client be granted the lock, between the issuer's answer and the fenced
+/// statement. That is safe because the statement still checks the token
+/// against the page's fence under the page's row lock: the newer holder's
+/// token is higher, and once any access with it has reached the page, this
+/// token is refused as `stale_token`; before that, this write is simply
+/// ordered before the newer holder's, which reads it. That is the case the
+/// fence has always handled. What the issuer adds is what the fence cannot
+/// know: that the token was granted at all, and to this client, so the fence
+/// only ever moves to tokens the issuer really granted and never passes its
+/// counter.
+async fn check_with_issuer(
+    state: &AppState,
+    id: &str,
+    method: &'static str,
+    h: &FencingHeaders,
+) -> Result<(), ApiError> {
+    let issuers = &state.trust.issuers;
+    let Some(token) = h.token else {
+        return Ok(());
+    };
+    if state.fencing != FenceCheck::Enforce || issuers.is_empty() {
+        return Ok(());
+    }
+    let Some(issuer) = issuers.get(&h.issuer) else {
+        return Err(ApiError::UnknownIssuer {
+            issuer: h.issuer.clone(),
+            known: issuers.names(),
+        });
+    };
+    let lock = lock_name(id);
+    let started = std::time::Instant::now();
+    let answer = issuer.current_holder(&lock, issuers.timeout()).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let holder = match answer {
+        Ok(holder) => holder,
+        Err(e) => {
+            state
+                .metrics
+                .issuer_check(&h.issuer, "unavailable", seconds);
+            return Err(ApiError::IssuerUnavailable {
+                issuer: h.issuer.clone(),
+                detail: e.to_string(),
+            });
+        }
+    };
+    // With authentication required `client_id` is the key's client; with it
+    // off, the `Client-Id` sent, if any.
+    let same_client = |holder: &str| h.client_id.as_deref().is_none_or(|c| c == holder);
+    let message = match &holder {
+        Some(x) if x.token == token && same_client(&x.client_id) => {
+            state.metrics.issuer_check(&h.issuer, "current", seconds);
+            return Ok(());
+        }
+        Some(x) if x.token == token => format!(
+            "lock {lock:?} is held with token {token} by another client: a token is only good \
+             for the client it was granted to"
+        ),
+        Some(x) => format!(
+            "issuer {:?} says lock {lock:?} is held with token {}, not {token}",
+            h.issuer, x.token
+        ),
+        None => format!(
+            "issuer {:?} says nobody holds lock {lock:?} right now, so token {token} is not \
+             current (expired, released, or never granted)",
+            h.issuer
+        ),
+    };
+    state
+        .metrics
+        .issuer_check(&h.issuer, "not_current", seconds);
+    store::record_refusal(
+        &state.db,
+        id,
+        method,
+        "token_not_current",
+        token,
+        &h.issuer,
+        h.client_id.as_deref(),
+    )
+    .await?;
+    tracing::info!(offered = %token, holder = ?holder, "token not current");
+    Err(ApiError::TokenNotCurrent {
+        issuer: h.issuer.clone(),
+        offered: token,
+        holder: holder.map(|x| x.token),
+        message,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FenceBody {
+    issuer: Option<String>,
+    token: Option<Token>,
+    reason: String,
+}
+
+/// `POST /admin/pages/{id}/fence`: an operator sets (lowers, clears) a page's
+/// fence, audited by a history row (`ADMIN`, `fence_set`, `admin:<name>`,
+/// the reason). The way back when a page's fence is above what its issuer can
+/// grant; see docs/OPERATIONS.md.
+#[tracing::instrument(skip_all, fields(page = %id, admin = %admin))]
+async fn admin_set_fence(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    PageId(id): PageId,
+    JsonBody(body): JsonBody<FenceBody>,
+) -> Result<Response, ApiError> {
+    let reason = body.reason.trim();
+    if reason.is_empty() || reason.chars().count() > 1000 || reason.contains('\0') {
+        return Err(ApiError::bad_request(
+            "invalid_reason",
+            "reason must be 1 to 1000 characters (without NUL): the history keeps it",
+        ));
+    }
+    let fence = match (body.issuer, body.token) {
+        (Some(issuer), Some(token)) => {
+            if !valid_issuer_name(&issuer) {
+                return Err(ApiError::bad_request(
+                    "invalid_fencing_issuer",
+                    format!("issuer must match [a-z0-9._:-]{{1,64}}, got {issuer:?}"),
+                ));
+            }
+            Some(Fence { issuer, token })
+        }
+        (None, None) => None,
+        _ => return Err(ApiError::bad_request(
+            "invalid_fence",
+            "issuer and token go together: give both to set the fence, or null both to clear it",
+        )),
+    };
+    let client = format!("admin:{admin}");
+    let set = store::set_fence(&state.db, &id, fence.as_ref(), &client, reason)
+        .await?
+        .ok_or(ApiError::PageNotFound {
+            id: id.clone(),
+            fence: None,
+        })?;
+    tracing::warn!(previous = ?set.previous, fence = ?set.fence, reason, "page fence set by an admin");
+    let mut response = Json(json!({
+        "id": id,
+        "version": set.version,
+        "fence": set.fence,
+        "previous_fence": set.previous,
+    }))
+    .into_response();
+    response.extensions_mut().insert(Outcome("fence_set"));
+    Ok(response)
 }
 
 #[derive(Deserialize)]

@@ -1,40 +1,85 @@
 //! Fenced page storage: pages over HTTP on PostgreSQL that refuse stale
-//! fencing tokens, atomically, in the database.
+//! fencing tokens, atomically, in the database, and that take tokens only from
+//! known writers and only when their lock service says they are current.
 //!
 //! Per page the database remembers the highest fencing token seen (and the
 //! lock service that issued it). A write or a fenced read with an older token
 //! is answered 409 and changes nothing. The check, the write and the history
 //! row are one SQL statement, so any number of gateways can share a database.
 //!
+//! Before that statement, two checks keep the fence honest (issue 12):
+//! - **Authentication**: a PUT, and any request carrying `Fencing-Token`,
+//!   needs `Authorization: Bearer <key>`; the key's client is the writer the
+//!   history records. Keys are kept as SHA-256 digests, compared in constant
+//!   time. Plain reads stay public.
+//! - **The issuer check** (Chubby's `CheckSequencer`): the gateway asks the
+//!   lock service named by `Fencing-Issuer` ([`fencelock::HolderLookup`])
+//!   whether the lock `page:<id>` is held right now by this client with
+//!   exactly this token. A guessed, copied or future token is refused, so the
+//!   fence only moves to tokens that were really granted.
+//!
 //! # Layout
-//! - `lib.rs`: [`Config`], [`AppState`], [`app`], [`serve`], [`migrate`],
-//!   [`connect`] and [`spawn`] (a whole gateway on a free port, for tests).
+//! - `lib.rs`: [`AppState`], [`app`], [`serve`], [`migrate`], [`connect`] and
+//!   [`spawn`] / [`spawn_with_options`] (a whole gateway on a free port).
+//! - [`config`]: [`Config`] (the binary's flags) and [`GatewayOptions`] (the
+//!   same, in-process).
+//! - [`trust`]: [`TrustOptions`] and [`Trust`]: what is checked, the start-up
+//!   rules and warnings. [`auth`]: API keys and the bearer check.
+//!   [`issuers`]: the lock services asked, connected in the background.
+//! - [`server`]: the accept loop (hyper, header-read timeout, connection cap,
+//!   graceful shutdown).
 //! - [`db`]: the connection pool requests use (one round trip per request),
 //!   and the multi-host `DATABASE_URL` that follows the primary.
 //! - [`store`]: the SQL. `sql/fenced_access.sql` is the one statement that
 //!   carries the safety argument; read its header comment.
-//! - [`http`]: routes, header and body validation, responses.
+//! - [`http`]: routes, header and body validation, the issuer check
+//!   (`check_with_issuer`, with why check-then-write is safe), responses.
 //! - [`error`]: [`ApiError`], every rejection with its status and JSON body.
 //! - [`metrics`]: the Prometheus registry behind `GET /metrics`.
+//! - [`dashboard`]: the live page at `/dashboard` and its event stream.
 //!
 //! # HTTP API
 //! - `GET /pages/{id}`: `{"id","body","version","fence"}` with `ETag: "<version>"`.
-//!   With `Fencing-Token` it is a fenced read: it raises the fence like a write.
+//!   Public. With `Fencing-Token` it is a fenced read: it raises the fence
+//!   like a write, and is authenticated and checked with the issuer like one.
 //! - `PUT /pages/{id}` with `{"body": "..."}`: 201 on create, 200 on update.
-//! - Headers: `Fencing-Token`, `Fencing-Issuer` (default `default`), `Client-Id`, `If-Match`.
+//! - Headers: `Authorization: Bearer <key>`, `Fencing-Token`, `Fencing-Issuer`
+//!   (default `default`), `Client-Id` (optional; must be the key's client),
+//!   `If-Match`.
+//! - `POST /admin/pages/{id}/fence` with `Authorization: Bearer <admin key>`
+//!   and `{"issuer": "<name>"|null, "token": N|null, "reason": "..."}`: sets
+//!   (or, both null, clears) the page's fence; 200
+//!   `{"id","version","fence","previous_fence"}`. See docs/OPERATIONS.md.
 //! - `GET /pages/{id}/history?limit=N`: `{"id", "history": [{"seq","at","method",
 //!   "outcome","token","issuer","client_id","version","fence_token"}]}`, newest
 //!   first; `seq` increases in commit order. Outcomes: `accepted`, `stale`
 //!   (accepted with fencing off although older than the fence), `stale_token`,
-//!   `issuer_mismatch`, `version_mismatch`. Requests refused before reaching a
-//!   page (400, 413, 415, 428) leave no history.
-//! - `GET /pages`, `GET /healthz`, `GET /readyz`, `GET /metrics`.
+//!   `issuer_mismatch`, `version_mismatch`, `token_not_current` (refused by the
+//!   issuer; nothing else written), `fence_set` (an admin's change: method
+//!   `ADMIN`, client `admin:<name>`, with its `reason`). Requests refused before
+//!   reaching a page (400, 401, 403, 413, 415, 428, 409 `unknown_issuer`, 503)
+//!   leave no history.
+//! - `GET /pages`, `GET /healthz`, `GET /readyz`, `GET /metrics`: public.
+//! - `GET /` (redirect), `GET /dashboard`, `GET /dashboard/events?page=ID`
+//!   (server-sent events): public, like the history they show.
+//!
+//! Rejections of issue 12: 401 `unauthorized` (with `WWW-Authenticate:
+//! Bearer`), 403 `client_id_mismatch` (and `forbidden` on the admin endpoint),
+//! 409 `unknown_issuer`, 409 `token_not_current`, 503 `issuer_unavailable`
+//! (an issuer unreachable, erroring or slower than the issuer timeout: fail
+//! closed).
 
+pub mod auth;
+pub mod config;
+pub mod dashboard;
 pub mod db;
 pub mod error;
 pub mod http;
+pub mod issuers;
 pub mod metrics;
+pub mod server;
 pub mod store;
+pub mod trust;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -48,9 +93,14 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
+pub use auth::AuthMode;
+pub use config::{Config, GatewayOptions};
 pub use error::ApiError;
 pub use metrics::Metrics;
+pub use server::{serve_with, ServeOptions};
+pub use trust::{Trust, TrustOptions};
 
 /// Default for `--db-pool-size` and [`spawn`].
 pub const DEFAULT_POOL_SIZE: u32 = 10;
@@ -65,30 +115,6 @@ pub enum FenceCheck {
     Off,
 }
 
-/// The gateway's configuration: flags, with environment fallbacks.
-#[derive(Debug, Clone, clap::Parser)]
-#[command(
-    name = "gateway",
-    about = "Page storage over HTTP that rejects stale fencing tokens"
-)]
-pub struct Config {
-    /// PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/pages; with a
-    /// standby: postgres://postgres@db1:5432,db2:5432/pages?target_session_attrs=read-write
-    /// (requests go to whichever server accepts writes).
-    #[arg(long, env = "DATABASE_URL")]
-    pub database_url: String,
-    /// Address to listen on.
-    #[arg(long, env = "GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
-    pub listen: SocketAddr,
-    /// `enforce` refuses stale tokens; `off` accepts them and marks them stale in the history.
-    #[arg(long, env = "GATEWAY_FENCING", value_enum, default_value = "enforce")]
-    pub fencing: FenceCheck,
-    /// Maximum PostgreSQL connections (a few per core is where PostgreSQL
-    /// is fastest; HTTP connections are multiplexed onto them).
-    #[arg(long, env = "GATEWAY_DB_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
-    pub db_pool_size: u32,
-}
-
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
@@ -98,30 +124,43 @@ pub struct AppState {
     pub pool: PgPool,
     pub fencing: FenceCheck,
     pub metrics: Arc<Metrics>,
+    /// Cancelled when [`serve`] starts draining: responses that never end by
+    /// themselves (the dashboard's event streams) end then, so that the drain
+    /// does not wait for them.
+    pub draining: CancellationToken,
+    /// Keys and issuers.
+    pub trust: Arc<Trust>,
 }
 
 impl AppState {
     /// Requests use their own connections (see [`db`]), with `pool`'s
-    /// connect options and size.
+    /// connect options and size. No authentication, no issuer checks
+    /// ([`Trust::off`]); see [`AppState::with_trust`].
     pub fn new(pool: PgPool, fencing: FenceCheck) -> Self {
+        Self::with_trust(pool, fencing, Trust::off())
+    }
+
+    /// With keys and issuers (from [`Trust::start`]).
+    pub fn with_trust(pool: PgPool, fencing: FenceCheck, trust: Trust) -> Self {
         Self {
             db: db::Db::like(&pool),
             pool,
             fencing,
             metrics: Arc::new(Metrics::new()),
+            draining: CancellationToken::new(),
+            trust: Arc::new(trust),
         }
     }
 
-    /// [`AppState::new`], with request connections that go wherever
+    /// The same state, with request connections that go wherever
     /// `database_url` says: with several hosts and
     /// `target_session_attrs=read-write`, to whichever accepts writes, so
     /// requests follow a failover to the promoted standby (see [`db`]).
-    pub fn for_url(pool: PgPool, database_url: &str, fencing: FenceCheck) -> anyhow::Result<Self> {
-        let max = pool.options().get_max_connections();
-        let mut state = Self::new(pool, fencing);
-        state.db = db::Db::from_url(database_url, max)
+    pub fn following(mut self, database_url: &str) -> anyhow::Result<Self> {
+        let max = self.pool.options().get_max_connections();
+        self.db = db::Db::from_url(database_url, max)
             .with_context(|| format!("database URL {}", redact(database_url)))?;
-        Ok(state)
+        Ok(self)
     }
 }
 
@@ -176,15 +215,14 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// Serve until `shutdown` completes, then drain in-flight requests.
+/// Serve until `shutdown` completes, then drain in-flight requests; with the
+/// default connection limits ([`ServeOptions::default`]; see [`serve_with`]).
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, state, ServeOptions::default(), shutdown).await
 }
 
 /// A gateway serving in a tokio task of this process. Aborted on drop.
@@ -232,9 +270,10 @@ impl Drop for RunningGateway {
 }
 
 /// Connect, migrate, bind 127.0.0.1:0 and serve in a task: a whole gateway
-/// for tests and benchmarks.
+/// for tests and benchmarks. Authentication off and no issuer checks (the
+/// gateway before issue 12); see [`spawn_with_options`] for keys and issuers.
 pub async fn spawn(database_url: &str, fencing: FenceCheck) -> anyhow::Result<RunningGateway> {
-    spawn_with(database_url, fencing, DEFAULT_POOL_SIZE).await
+    spawn_with_options(database_url, GatewayOptions::new(fencing)).await
 }
 
 /// [`spawn`] with a chosen pool size.
@@ -243,13 +282,30 @@ pub async fn spawn_with(
     fencing: FenceCheck,
     pool_size: u32,
 ) -> anyhow::Result<RunningGateway> {
-    let db = connect(database_url, pool_size).await?;
+    spawn_with_options(
+        database_url,
+        GatewayOptions::new(fencing).pool_size(pool_size),
+    )
+    .await
+}
+
+/// A whole gateway with keys, issuers and limits, on 127.0.0.1 and a free
+/// port. Fails like the binary on a bad configuration (no key while
+/// authentication is required, a malformed key or issuer). Issuers are
+/// connected in the background: one that is down answers 503 until it is up.
+pub async fn spawn_with_options(
+    database_url: &str,
+    options: GatewayOptions,
+) -> anyhow::Result<RunningGateway> {
+    let trust =
+        Trust::start(options.checked_trust()?, options.fencing).map_err(anyhow::Error::msg)?;
+    let db = connect(database_url, options.pool_size).await?;
     migrate(&db).await?;
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
-    let state = AppState::for_url(db, database_url, fencing)?;
+    let state = AppState::with_trust(db, options.fencing, trust).following(database_url)?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(listener, state.clone(), async {
+    let task = tokio::spawn(serve_with(listener, state.clone(), options.serve, async {
         let _ = stopped.await;
     }));
     Ok(RunningGateway {

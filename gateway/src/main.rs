@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use gateway::{AppState, Config};
+use gateway::{AppState, Config, Trust};
 use tracing_subscriber::EnvFilter;
 
 /// How long to wait for PostgreSQL at startup (compose may start us first).
@@ -22,15 +22,28 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
 
+    // Keys and issuers first: a bad configuration fails at once, before the
+    // (possibly long) wait for the database. Issuers connect in the
+    // background: one that is down does not keep the gateway from starting.
+    let trust =
+        Trust::start(config.trust_options()?, config.fencing).map_err(anyhow::Error::msg)?;
     let db = connect_with_retry(&config).await?;
     gateway::migrate(&db).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("bind {}", config.listen))?;
-    tracing::info!(fencing = ?config.fencing, "listening on {}", listener.local_addr()?);
-    gateway::serve(
+    let limits = config.serve_options();
+    tracing::info!(
+        fencing = ?config.fencing,
+        max_connections = limits.max_connections,
+        header_read_timeout = ?limits.header_read_timeout,
+        "listening on {}",
+        listener.local_addr()?
+    );
+    gateway::serve_with(
         listener,
-        AppState::for_url(db.clone(), &config.database_url, config.fencing)?,
+        AppState::with_trust(db.clone(), config.fencing, trust).following(&config.database_url)?,
+        limits,
         shutdown_signal(),
     )
     .await?;

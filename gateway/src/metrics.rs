@@ -8,7 +8,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
 use crate::AppState;
@@ -22,6 +22,18 @@ pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
     latency: HistogramVec,
+    connections: IntGauge,
+    issuer_checks: IntCounterVec,
+    issuer_latency: HistogramVec,
+}
+
+/// Counts one open connection until dropped.
+pub struct OpenConnection(IntGauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Metrics {
@@ -46,17 +58,69 @@ impl Metrics {
             &["method"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(requests.clone()))
-            .expect("register once");
-        registry
-            .register(Box::new(latency.clone()))
-            .expect("register once");
+        let connections = IntGauge::new(
+            "gateway_open_connections",
+            "HTTP connections being served (at most --max-connections).",
+        )
+        .expect("valid metric");
+        let issuer_checks = IntCounterVec::new(
+            Opts::new(
+                "gateway_issuer_checks_total",
+                "Tokens checked with their issuer, by issuer and result (current, not_current, unavailable).",
+            ),
+            &["issuer", "result"],
+        )
+        .expect("valid metric");
+        let issuer_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "gateway_issuer_check_duration_seconds",
+                "Time to ask an issuer who holds a page's lock.",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0,
+            ]),
+            &["issuer"],
+        )
+        .expect("valid metric");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(latency.clone()),
+            Box::new(connections.clone()),
+            Box::new(issuer_checks.clone()),
+            Box::new(issuer_latency.clone()),
+        ] {
+            registry.register(c).expect("register once");
+        }
         Self {
             registry,
             requests,
             latency,
+            connections,
+            issuer_checks,
+            issuer_latency,
         }
+    }
+
+    /// Count a connection as open until the guard is dropped.
+    pub fn connection_opened(&self) -> OpenConnection {
+        self.connections.inc();
+        OpenConnection(self.connections.clone())
+    }
+
+    /// Connections being served right now.
+    pub fn open_connections(&self) -> i64 {
+        self.connections.get()
+    }
+
+    /// One issuer check: `issuer` is a configured name (a bounded label set).
+    pub fn issuer_check(&self, issuer: &str, result: &'static str, seconds: f64) {
+        self.issuer_checks
+            .with_label_values(&[issuer, result])
+            .inc();
+        self.issuer_latency
+            .with_label_values(&[issuer])
+            .observe(seconds);
     }
 
     /// The Prometheus text format.

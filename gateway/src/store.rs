@@ -61,10 +61,7 @@ type AccessRow = (
 
 fn row((id, body, version, issuer, token): RawRow) -> Row {
     // The column is a bigint the gateway only ever sets from a `Token`.
-    let fence = match (issuer, token.and_then(|t| Token::try_from(t).ok())) {
-        (Some(issuer), Some(token)) => Some(Fence { issuer, token }),
-        _ => None,
-    };
+    let fence = fence_of(issuer, token);
     Row {
         id,
         body,
@@ -172,13 +169,16 @@ pub struct HistoryEntry {
     pub version: i64,
     /// The page's fence token after the attempt.
     pub fence_token: Option<i64>,
+    /// Why an admin set the fence (`fence_set` rows only; left out elsewhere).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The newest `limit` attempts on a page, newest first.
 pub async fn history(db: &Db, id: &str, limit: i64) -> Result<Vec<HistoryEntry>, sqlx::Error> {
     let mut conn = db.acquire().await?;
     let result = sqlx::query_as(
-        "select id as seq, at, method, outcome, token, issuer, client_id, version, fence_token
+        "select id as seq, at, method, outcome, token, issuer, client_id, version, fence_token, reason
          from page_history where page_id = $1 order by id desc limit $2",
     )
     .bind(id)
@@ -186,6 +186,111 @@ pub async fn history(db: &Db, id: &str, limit: i64) -> Result<Vec<HistoryEntry>,
     .fetch_all(&mut *conn)
     .await;
     conn.finish(result)
+}
+
+/// Record an attempt refused before the fenced statement (the issuer said
+/// the token is not current): one history row with the page's version and
+/// fence as they are, and nothing else. The page's row is not created, locked
+/// or changed. Returns the page's fence.
+pub async fn record_refusal(
+    db: &Db,
+    id: &str,
+    method: &str,
+    outcome: &str,
+    token: Token,
+    issuer: &str,
+    client_id: Option<&str>,
+) -> Result<Option<Fence>, sqlx::Error> {
+    let mut conn = db.acquire().await?;
+    let result = sqlx::query_as(
+        "with page as (
+             select p.version, p.fence_issuer, p.fence_token
+             from (select $1::text as id) w left join pages p on p.id = w.id
+         ),
+         logged as (
+             insert into page_history (page_id, method, outcome, token, issuer, client_id, version, fence_token)
+             select $1, $2, $3, $4, $5, $6, coalesce(version, 0), fence_token from page
+         )
+         select fence_issuer, fence_token from page",
+    )
+    .bind(id)
+    .bind(method)
+    .bind(outcome)
+    .bind(token.to_i64())
+    .bind(issuer)
+    .bind(client_id)
+    .fetch_one(&mut *conn)
+    .await;
+    let (issuer, token): (Option<String>, Option<i64>) = conn.finish(result)?;
+    Ok(fence_of(issuer, token))
+}
+
+fn fence_of(issuer: Option<String>, token: Option<i64>) -> Option<Fence> {
+    match (issuer, token.and_then(|t| Token::try_from(t).ok())) {
+        (Some(issuer), Some(token)) => Some(Fence { issuer, token }),
+        _ => None,
+    }
+}
+
+/// What an admin's fence change did.
+#[derive(Debug, Clone)]
+pub struct FenceSet {
+    pub version: i64,
+    pub fence: Option<Fence>,
+    pub previous: Option<Fence>,
+}
+
+/// Set a page's fence to `fence` (`None` clears it), with the audit row, in
+/// ONE statement: the page's row is locked by the update (the subquery's
+/// `for update` reads the fence being replaced under that same lock), and
+/// the history row is inserted by the same statement, so the change and its
+/// record commit together and in order with the page's other attempts.
+/// `None` when the page has no row (never written nor fenced).
+pub async fn set_fence(
+    db: &Db,
+    id: &str,
+    fence: Option<&Fence>,
+    admin: &str,
+    reason: &str,
+) -> Result<Option<FenceSet>, sqlx::Error> {
+    let mut conn = db.acquire().await?;
+    let result = sqlx::query_as(
+        "with changed as (
+             update pages p
+             set fence_issuer = $2, fence_token = $3, last_outcome = 'fence_set', updated_at = now()
+             from (select id, fence_issuer, fence_token from pages where id = $1 for update) old
+             where p.id = old.id
+             returning p.id, p.version, p.fence_issuer, p.fence_token,
+                       old.fence_issuer as old_issuer, old.fence_token as old_token
+         ),
+         logged as (
+             insert into page_history (page_id, method, outcome, token, issuer, client_id, version, fence_token, reason)
+             select id, 'ADMIN', 'fence_set', $3, $2, $4, version, fence_token, $5 from changed
+         )
+         select version, fence_issuer, fence_token, old_issuer, old_token from changed",
+    )
+    .bind(id)
+    .bind(fence.map(|f| f.issuer.as_str()))
+    .bind(fence.map(|f| f.token.to_i64()))
+    .bind(admin)
+    .bind(reason)
+    .fetch_optional(&mut *conn)
+    .await;
+    type SetRow = (
+        i64,
+        Option<String>,
+        Option<i64>,
+        Option<String>,
+        Option<i64>,
+    );
+    let row: Option<SetRow> = conn.finish(result)?;
+    Ok(
+        row.map(|(version, issuer, token, old_issuer, old_token)| FenceSet {
+            version,
+            fence: fence_of(issuer, token),
+            previous: fence_of(old_issuer, old_token),
+        }),
+    )
 }
 
 /// Is the database reachable?

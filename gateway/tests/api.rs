@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{gateway, Api};
+use common::{gateway, keyed, Api};
 use gateway::FenceCheck;
 use rand::Rng;
 use serde_json::{json, Value};
@@ -378,21 +378,22 @@ async fn with_fencing_off_stale_writes_land_but_history_marks_them_stale() {
 #[tokio::test]
 async fn history_lists_every_attempt_newest_first_with_its_details() {
     let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
-    api.put(
-        "p",
-        "a",
-        &[("Fencing-Token", "3"), ("Client-Id", "worker-1")],
-    )
-    .await
-    .expect(201);
-    api.put(
-        "p",
-        "b",
-        &[("Fencing-Token", "2"), ("Client-Id", "worker-2")],
-    )
-    .await
-    .expect(409);
-    api.get("p", &[("Fencing-Token", "4"), ("Client-Id", "worker-3")])
+    // The key's client is the history's client_id; Client-Id may repeat it
+    // or be left out.
+    api.as_client("worker-1")
+        .put(
+            "p",
+            "a",
+            &[("Fencing-Token", "3"), ("Client-Id", "worker-1")],
+        )
+        .await
+        .expect(201);
+    api.as_client("worker-2")
+        .put("p", "b", &[("Fencing-Token", "2")])
+        .await
+        .expect(409);
+    api.as_client("worker-3")
+        .get("p", &[("Fencing-Token", "4")])
         .await
         .expect(200);
 
@@ -498,9 +499,16 @@ struct Attempt {
 async fn two_gateways_under_concurrent_random_tokens_never_accept_a_decreasing_token() {
     let url = harness::fresh_database().await;
     // Two gateways, each with its own pool: the only shared state is PostgreSQL.
-    let gw1 = gateway::spawn(&url, FenceCheck::Enforce).await.unwrap();
-    let gw2 = gateway::spawn(&url, FenceCheck::Enforce).await.unwrap();
-    let apis = [Api::new(gw1.url()), Api::new(gw2.url())];
+    let gw1 = gateway::spawn_with_options(&url, keyed(FenceCheck::Enforce))
+        .await
+        .unwrap();
+    let gw2 = gateway::spawn_with_options(&url, keyed(FenceCheck::Enforce))
+        .await
+        .unwrap();
+    let apis = [
+        Api::new(gw1.url()).as_client("tester"),
+        Api::new(gw2.url()).as_client("tester"),
+    ];
 
     let mut tasks = Vec::new();
     for client in 0..16 {

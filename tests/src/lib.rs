@@ -15,6 +15,7 @@
 //! - [`redis`]: redis-server, with or without persistence.
 //! - [`mariadb`]: MariaDB, plus [`fresh_mysql_database`].
 //! - [`zookeeper`]: ZooKeeper, standalone.
+//! - [`stack`]: `scripts/stack`, the whole demo topology, on free ports.
 //! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
 
 pub mod haproxy;
@@ -23,13 +24,14 @@ pub mod postgres;
 pub mod process;
 pub mod redis;
 pub mod replication;
+pub mod stack;
 pub mod worker_proc;
 pub mod zookeeper;
 
 pub use haproxy::Haproxy;
 pub use mariadb::{fresh_mysql_database, MariaDb};
 pub use postgres::{fresh_database, Postgres};
-pub use process::{free_port, wait_until, ServiceProcess};
+pub use process::{free_port, scratch_dir, wait_until, ServiceProcess};
 pub use redis::{Persistence, Redis};
 pub use replication::{PostgresPair, Replication};
 pub use zookeeper::ZooKeeper;

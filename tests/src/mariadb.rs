@@ -19,7 +19,7 @@ impl MariaDb {
     pub async fn start() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("harness-mariadb-")
-            .tempdir()
+            .tempdir_in(crate::process::scratch_dir())
             .expect("temp dir");
         let data = dir.path().join("data");
         install_db(&data).await;

@@ -24,7 +24,7 @@ impl Postgres {
         let (uid, gid) = postgres_user();
         let dir = tempfile::Builder::new()
             .prefix("harness-pg-")
-            .tempdir()
+            .tempdir_in(crate::process::scratch_dir())
             .expect("temp dir");
         std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown pg dir");
         let data = dir.path().join("data");

@@ -278,3 +278,39 @@ pub fn find_binary(name: &str, fallbacks: &[&str]) -> PathBuf {
          (see .ci/run, which installs everything the tests need)"
     )
 }
+
+/// Where this test process keeps its services' temp dirs:
+/// `<tmp>/harness-run-<pid>/`, readable by the `postgres` user.
+///
+/// A service shared by a whole test binary lives in a `static`, which Rust
+/// never drops, so its `TempDir` is never removed and every run used to leave
+/// its data dirs behind (gigabytes after a day of test runs). The services
+/// themselves die with the test binary (`PR_SET_PDEATHSIG`), so the first call
+/// here removes the scratch dirs of harness processes that no longer exist.
+pub fn scratch_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let tmp = std::env::temp_dir();
+        if let Ok(entries) = std::fs::read_dir(&tmp) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(pid) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("harness-run-"))
+                    .and_then(|p| p.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let dir = tmp.join(format!("harness-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create the harness scratch dir");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+            .expect("make the harness scratch dir traversable");
+        dir
+    })
+}

@@ -33,7 +33,7 @@ impl Redis {
     pub async fn start_with(persistence: Persistence) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("harness-redis-")
-            .tempdir()
+            .tempdir_in(crate::process::scratch_dir())
             .expect("temp dir");
         let port = free_port();
         let mut args: Vec<String> = vec![

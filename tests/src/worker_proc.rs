@@ -78,6 +78,7 @@ impl WorkerProcess {
             "WORKER_GATEWAY",
             "WORKER_PAGE",
             "WORKER_CLIENT_ID",
+            "WORKER_API_KEY",
             "WORKER_EDITS",
             "WORKER_DURATION",
             "WORKER_TTL",

@@ -20,7 +20,7 @@ impl ZooKeeper {
     pub async fn start() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("harness-zk-")
-            .tempdir()
+            .tempdir_in(crate::process::scratch_dir())
             .expect("temp dir");
         let port = free_port();
         std::fs::create_dir_all(dir.path().join("data")).expect("zk data dir");
@@ -155,7 +155,7 @@ impl ZooKeeperEnsemble {
     pub async fn start() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("harness-zk-ensemble-")
-            .tempdir()
+            .tempdir_in(crate::process::scratch_dir())
             .expect("temp dir");
         let ports: Vec<(u16, u16, u16)> = (0..3)
             .map(|_| (free_port(), free_port(), free_port()))

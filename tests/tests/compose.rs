@@ -11,7 +11,12 @@
 //!   default features, and compose runs only those binaries;
 //! - `scripts/stack env NAME` gives each service the same variables and the same
 //!   worker settings as compose.yaml (hosts and ports of the backing services
-//!   differ by design: see scripts/stack).
+//!   differ by design: see scripts/stack; key files are the same files, mounted
+//!   as compose secrets);
+//! - trust: both gateways require keys from demo/api-keys, every worker sends
+//!   its own client's key, the fenced gateway checks tokens with all four lock
+//!   services (the same ones the workers use) and the unfenced one with none,
+//!   and the gateways are published on 127.0.0.1 only.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -40,7 +45,15 @@ const CONNECTION_VARS: &[&str] = &[
     "ZOOKEEPER_CONNECT",
     "WORKER_GATEWAY",
     "GATEWAY_LISTEN",
+    "GATEWAY_ISSUERS",
 ];
+
+/// Variables naming a file: in compose a secret under /run/secrets/, in
+/// scripts/stack the secret's file itself.
+const FILE_VARS: &[&str] = &["GATEWAY_API_KEYS_FILE", "GATEWAY_ADMIN_KEYS_FILE"];
+
+/// The issuers the fenced gateway must trust: every backend with a token.
+const ISSUERS: [&str; 4] = ["redis", "zookeeper", "lease-postgres", "lease-mysql"];
 
 fn compose() -> Value {
     let text = std::fs::read_to_string(repo().join("compose.yaml")).expect("read compose.yaml");
@@ -270,13 +283,24 @@ fn every_variable_compose_passes_is_one_the_binaries_accept_for_every_backend() 
             let Some(binary) = our_binary(&service) else {
                 continue;
             };
-            let env = environment(&service, &vars);
+            let mut env = environment(&service, &vars);
+            // The secrets' files stand in for /run/secrets/ (what compose mounts).
+            for var in FILE_VARS {
+                if let Some(path) = env.get(*var).cloned() {
+                    let file = secret_file(&compose, &service, &path);
+                    env.insert(var.to_string(), file.display().to_string());
+                }
+            }
             let args = as_args(&binary, &env);
             match binary.as_str() {
                 "gateway" => {
                     use clap::Parser;
-                    gateway::Config::try_parse_from(&args)
+                    let config = gateway::Config::try_parse_from(&args)
                         .unwrap_or_else(|e| panic!("{name}: gateway rejects {args:?}: {e}"));
+                    // Keys read from the demo files and issuers parsed, as at start.
+                    config.trust_options().unwrap_or_else(|e| {
+                        panic!("{name}: the gateway would refuse to start: {e:#}")
+                    });
                 }
                 "worker" => {
                     use clap::Parser;
@@ -466,6 +490,15 @@ fn connection_shape(name: &str, value: &str) -> String {
         "GATEWAY_LISTEN" | "WORKER_GATEWAY" => {
             value.rsplit(':').next().unwrap_or_default().to_owned()
         }
+        // `name=url name=url`: each issuer's name and its URL's shape.
+        "GATEWAY_ISSUERS" => value
+            .split_whitespace()
+            .map(|entry| {
+                let (issuer, url) = entry.split_once('=').unwrap_or((entry, ""));
+                format!("{issuer}={}", connection_shape("URL", url))
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
         _ => value
             .split(',')
             .map(|url| {
@@ -494,7 +527,17 @@ fn stack_script_gives_each_service_the_variables_and_settings_compose_gives_it()
             "{name}: compose.yaml and scripts/stack pass different variables"
         );
         for (key, value) in &want {
-            if CONNECTION_VARS.contains(&key.as_str()) {
+            if FILE_VARS.contains(&key.as_str()) {
+                let secret = secret_file(&compose, &service, value);
+                assert_eq!(
+                    std::fs::canonicalize(&secret).expect("the secret's file"),
+                    std::fs::canonicalize(&got[key])
+                        .unwrap_or_else(|e| panic!("{name}: {key}={}: {e}", got[key])),
+                    "{name}: {key} is the secret {value} (file {}) in compose, {} in scripts/stack",
+                    secret.display(),
+                    got[key]
+                );
+            } else if CONNECTION_VARS.contains(&key.as_str()) {
                 assert_eq!(
                     connection_shape(key, value),
                     connection_shape(key, &got[key]),
@@ -511,6 +554,149 @@ fn stack_script_gives_each_service_the_variables_and_settings_compose_gives_it()
         compared += 1;
     }
     assert!(compared >= 7, "only {compared} services compared");
+}
+
+/// The file behind `/run/secrets/NAME` in `service`: the secret must be
+/// declared at the top level with a `file` and listed by the service.
+fn secret_file(compose: &Value, service: &Value, path: &str) -> PathBuf {
+    let name = path
+        .strip_prefix("/run/secrets/")
+        .unwrap_or_else(|| panic!("{path} is not a compose secret (/run/secrets/NAME)"));
+    let listed = service
+        .get("secrets")
+        .and_then(Value::as_sequence)
+        .is_some_and(|s| {
+            s.iter().any(|e| {
+                e.as_str() == Some(name) || e.get("source").and_then(Value::as_str) == Some(name)
+            })
+        });
+    assert!(
+        listed,
+        "the service reads {path} but does not list the secret {name}"
+    );
+    let file = compose
+        .get("secrets")
+        .and_then(|s| s.get(name))
+        .and_then(|s| s.get("file"))
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("compose.yaml declares no secret {name} with a file"));
+    repo().join(file)
+}
+
+/// `client=key` lines of a key file (comments and blank lines skipped),
+/// checked as the gateway's contract wants them: well formed, keys of at
+/// least 16 bytes, no client twice.
+fn key_file(path: &Path) -> BTreeMap<String, String> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut keys = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (client, key) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("{}:{}: not client=key", path.display(), i + 1));
+        assert!(
+            key.len() >= 16 && key.bytes().all(|b| b.is_ascii_graphic()),
+            "{}:{}: the key of {client} is shorter than 16 bytes or not visible ASCII",
+            path.display(),
+            i + 1
+        );
+        assert!(
+            keys.insert(client.to_owned(), key.to_owned()).is_none(),
+            "{}:{}: {client} named twice",
+            path.display(),
+            i + 1
+        );
+    }
+    keys
+}
+
+#[test]
+fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_readme_says() {
+    let compose = compose();
+    let services = services(&compose);
+    let writers = key_file(&repo().join("demo/api-keys"));
+    let admins = key_file(&repo().join("demo/admin-keys"));
+    for client in ["alice", "bob"] {
+        assert!(
+            writers.contains_key(client),
+            "the tutorial writes as {client}"
+        );
+    }
+    assert!(admins.contains_key("admin"), "demo/admin-keys has no admin");
+    assert!(
+        admins.values().all(|k| !writers.values().any(|w| w == k)),
+        "an admin key is also a writer key"
+    );
+
+    let mut workers = 0;
+    for (name, service) in &services {
+        for port in service
+            .get("ports")
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+        {
+            let port = scalar(port);
+            assert!(
+                port.starts_with("127.0.0.1:"),
+                "{name} publishes {port} on every interface, not on 127.0.0.1 only"
+            );
+        }
+        if our_binary(service).as_deref() != Some("worker") {
+            continue;
+        }
+        let env = environment(service, &BTreeMap::new());
+        let client = &env["WORKER_CLIENT_ID"];
+        assert_eq!(
+            env.get("WORKER_API_KEY"),
+            writers.get(client),
+            "{name}: WORKER_API_KEY is not the key demo/api-keys has for {client}"
+        );
+        workers += 1;
+    }
+    assert!(workers >= 5, "only {workers} workers checked");
+
+    for (name, fenced) in [("gateway", true), ("gateway-unfenced", false)] {
+        let service = &services[name];
+        let env = environment(service, &BTreeMap::new());
+        assert_eq!(
+            env.get("GATEWAY_AUTH").map(String::as_str),
+            Some("required")
+        );
+        let keys = secret_file(&compose, service, &env["GATEWAY_API_KEYS_FILE"]);
+        assert_eq!(key_file(&keys), writers, "{name} reads another key file");
+        if !fenced {
+            assert!(
+                !env.contains_key("GATEWAY_ISSUERS"),
+                "{name}: fencing off checks no token, so it has no issuers to ask"
+            );
+            continue;
+        }
+        let admin = secret_file(&compose, service, &env["GATEWAY_ADMIN_KEYS_FILE"]);
+        assert_eq!(key_file(&admin), admins);
+        // Each issuer is the very service the workers take their locks from.
+        let worker = environment(&services["worker-1"], &BTreeMap::new());
+        let issuers: BTreeMap<&str, &str> = env["GATEWAY_ISSUERS"]
+            .split_whitespace()
+            .map(|e| e.split_once('=').expect("name=url"))
+            .collect();
+        assert_eq!(
+            issuers.keys().copied().collect::<BTreeSet<_>>(),
+            BTreeSet::from(ISSUERS),
+            "the fenced gateway trusts every backend with a token, and only those"
+        );
+        assert_eq!(issuers["redis"], worker["REDIS_URL"]);
+        assert_eq!(
+            issuers["zookeeper"],
+            format!("zookeeper://{}", worker["ZOOKEEPER_CONNECT"])
+        );
+        assert_eq!(issuers["lease-postgres"], worker["DATABASE_URL"]);
+        assert_eq!(issuers["lease-mysql"], worker["MYSQL_URL"]);
+    }
 }
 
 #[test]
@@ -539,4 +725,18 @@ fn connection_shape_ignores_hosts_but_not_databases() {
         "zookeeper"
     );
     assert_eq!(interpolate("a ${X:-b} c", &BTreeMap::new()), "a b c");
+    assert_eq!(
+        connection_shape(
+            "GATEWAY_ISSUERS",
+            "redis=redis://redis:6379 lease-mysql=mysql://root:demo@mariadb:3306/locks"
+        ),
+        connection_shape(
+            "GATEWAY_ISSUERS",
+            "redis=redis://127.0.0.1:16379 lease-mysql=mysql://root@127.0.0.1:13306/locks"
+        )
+    );
+    assert_ne!(
+        connection_shape("GATEWAY_ISSUERS", "redis=redis://r:1"),
+        connection_shape("GATEWAY_ISSUERS", "zookeeper=redis://r:1")
+    );
 }

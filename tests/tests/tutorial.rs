@@ -24,9 +24,10 @@
 //! Those steps use `docker compose`, so they cannot run here as written; the
 //! same scenario runs on `scripts/stack` (`start straggler`, `unpause
 //! straggler`), and the test checks what the README says the history and the
-//! page show: refused with `stale_token` through the fenced gateway; through
-//! the unfenced one, accepted (marked `stale`) with the edits acknowledged in
-//! the meantime gone from the page.
+//! page show: refused through the fenced gateway (by its issuer check,
+//! `token_not_current`, or by its fence, `stale_token`); through the unfenced
+//! one, accepted (marked `stale`) with the edits acknowledged in the meantime
+//! gone from the page.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -131,11 +132,24 @@ impl Stack {
 
     /// Run a README command, with the documented ports replaced by ours.
     fn sh(&self, command: &str) -> String {
+        self.sh_with(command, &[])
+    }
+
+    /// Run a README command with the variables captured so far, the
+    /// documented ports replaced by ours and `docker compose` by our stack.
+    fn sh_with(&self, command: &str, vars: &[(String, String)]) -> String {
+        let stack = repo().join("scripts/stack");
         let command = command
             .replace("localhost:8080", &format!("127.0.0.1:{}", self.gateway))
-            .replace("localhost:8081", &format!("127.0.0.1:{}", self.unfenced));
+            .replace("localhost:8081", &format!("127.0.0.1:{}", self.unfenced))
+            .replace("docker compose ", &format!("{} ", stack.display()));
         let out = Command::new("sh")
             .args(["-c", &command])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env_remove("WORKER_GATEWAY")
+            .env_remove("WORKER_FENCING")
+            .envs(vars.iter().map(|(k, v)| (k, v)))
+            .stdin(std::process::Stdio::null())
             .output()
             .expect("run sh");
         assert!(
@@ -308,6 +322,46 @@ fn console_steps(markdown: &str) -> Vec<Step> {
     steps
 }
 
+/// What a console line runs.
+#[derive(Debug, Clone, PartialEq)]
+struct Run {
+    /// `NAME` of `NAME=$(...)`: the output goes into `$NAME` instead.
+    capture: Option<String>,
+    command: String,
+}
+
+/// Check a console command against the convention and split off a capture.
+fn classify(command: &str) -> Result<Run, String> {
+    let (capture, inner) = match command.split_once("=$(") {
+        Some((name, rest))
+            if !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') =>
+        {
+            let inner = rest
+                .strip_suffix(')')
+                .ok_or_else(|| format!("{command}: a capture ends with `)`"))?;
+            (Some(name.to_owned()), inner)
+        }
+        _ => (None, command),
+    };
+    let allowed = inner.starts_with("curl ")
+        || inner.starts_with("echo ")
+        || inner.starts_with("docker compose exec -T ")
+        || inner.starts_with("docker compose restart ");
+    if !allowed {
+        return Err(format!(
+            "{command}: console blocks run curl, echo, `docker compose exec -T`, `docker \
+             compose restart` and `NAME=$(...)` of those only (use ```sh for the rest)"
+        ));
+    }
+    Ok(Run {
+        capture,
+        command: inner.to_owned(),
+    })
+}
+
 /// `...` inside an expected line matches any text.
 fn line_matches(expected: &str, actual: &str) -> bool {
     let parts: Vec<&str> = expected.split("...").collect();
@@ -373,6 +427,26 @@ fn matcher_follows_the_documented_convention() {
     assert_eq!(steps[0].command, "curl a");
     assert_eq!(steps[0].expected, ["out 1", "out 2"]);
     assert!(steps[1].expected.is_empty());
+
+    let run = classify("TOKEN=$(docker compose exec -T worker-1 worker lock --print token)")
+        .expect("a capture");
+    assert_eq!(run.capture.as_deref(), Some("TOKEN"));
+    assert_eq!(
+        run.command,
+        "docker compose exec -T worker-1 worker lock --print token"
+    );
+    assert_eq!(classify("curl -s x").unwrap().capture, None);
+    assert!(classify("docker compose up -d").is_err());
+    assert!(
+        classify("docker compose exec worker-1 sh").is_err(),
+        "needs -T"
+    );
+    assert!(classify("rm -rf /").is_err());
+    assert!(classify("X=$(rm -rf /)").is_err());
+    assert!(
+        classify("lower=$(curl x)").is_err(),
+        "shell variables are upper case here"
+    );
 }
 
 #[test]
@@ -384,13 +458,16 @@ fn readme_curl_transcripts_print_what_the_readme_says() {
         "README.md has only {} console commands: the tutorial's curl steps should be ```console blocks",
         steps.len()
     );
+    let mut runs = Vec::new();
     for step in &steps {
+        let run =
+            classify(&step.command).unwrap_or_else(|e| panic!("README.md:{}: {e}", step.line));
         assert!(
-            step.command.starts_with("curl "),
-            "README.md:{}: console blocks hold curl commands only (use ```sh for the rest): {}",
-            step.line,
-            step.command
+            run.capture.is_none() || step.expected.is_empty(),
+            "README.md:{}: an assignment prints nothing, so nothing may be written under it",
+            step.line
         );
+        runs.push(run);
     }
 
     let stack = Stack::up();
@@ -402,8 +479,22 @@ fn readme_curl_transcripts_print_what_the_readme_says() {
     );
 
     let mut failures = Vec::new();
-    for step in &steps {
-        let got = stack.sh(&step.command);
+    let mut vars: Vec<(String, String)> = Vec::new();
+    for (step, run) in steps.iter().zip(&runs) {
+        let got = stack.sh_with(&run.command, &vars);
+        if let Some(name) = &run.capture {
+            // As `NAME=$(...)` in a shell: the output, its last newlines dropped.
+            let value = got.trim_end_matches('\n').to_owned();
+            assert!(
+                !value.is_empty(),
+                "README.md:{}: `{}` printed nothing to capture",
+                step.line,
+                step.command
+            );
+            vars.retain(|(n, _)| n != name);
+            vars.push((name.clone(), value));
+            continue;
+        }
         let got_lines: Vec<&str> = got.trim_end_matches('\n').lines().collect();
         if !output_matches(&step.expected, &got_lines) {
             failures.push(format!(
@@ -450,7 +541,13 @@ fn straggler_is_refused_by_the_fence_and_loses_an_update_without_it() {
     // Step 5: through the fenced gateway the late PUT is refused, nothing
     // written, and every acknowledged edit is still in the page.
     let (get, put, between) = stack.straggle("straggler");
-    assert_eq!(put["outcome"], "stale_token", "the straggler's PUT: {put}");
+    // Refused by the issuer check (its lease is gone: the lock service names
+    // another holder, or none) or, had the check raced with the lease's end,
+    // by the fence.
+    assert!(
+        put["outcome"] == "token_not_current" || put["outcome"] == "stale_token",
+        "the straggler's PUT: {put}"
+    );
     assert_eq!(put["token"], get["token"]);
     assert!(put["fence_token"].as_i64() > put["token"].as_i64(), "{put}");
     assert!(

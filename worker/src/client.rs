@@ -1,5 +1,11 @@
 //! The gateway's HTTP API as the worker uses it: fenced GET and PUT of a page,
 //! with the gateway's JSON errors parsed into [`GatewayError`].
+//!
+//! With an [`ApiKey`] every request carries `Authorization: Bearer <key>`
+//! (marked sensitive, so it never appears in reqwest's debug output). The
+//! gateway takes the key's client as the writer; `Client-Id` is still sent
+//! so that a key of another client is refused (403) instead of writing under
+//! a name the lock service never saw.
 
 use std::time::Duration;
 
@@ -8,6 +14,43 @@ use serde::Deserialize;
 use serde_json::Value;
 
 pub use fencelock::Token;
+
+/// An API key for the gateway. Its `Debug` and `Display` never show the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// The key as sent in `Authorization: Bearer`.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for ApiKey {
+    type Err = String;
+
+    /// 1 to 4096 visible ASCII characters (what a header value can carry
+    /// as is); the message never repeats the key.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("the API key is empty".into());
+        }
+        if s.len() > 4096 || !s.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "the API key ({} bytes) must be at most 4096 visible ASCII characters, \
+                 without spaces",
+                s.len()
+            ));
+        }
+        Ok(ApiKey(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKey(<{} bytes, hidden>)", self.0.len())
+    }
+}
 
 /// What a lock holder sends with each request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +93,46 @@ pub enum GatewayError {
     /// 409 `issuer_mismatch`: the page is fenced by another lock service.
     #[error("409 issuer_mismatch: {message}")]
     IssuerMismatch { message: String },
+    /// 409 `token_not_current`: the token's issuer says the lock is not held
+    /// by this client with this token right now (guessed, copied, expired,
+    /// superseded). Refused like a stale token.
+    #[error(
+        "409 token_not_current: issuer {issuer} says token {offered:?} is not held by us now \
+         (holder token {holder:?}): {message}"
+    )]
+    TokenNotCurrent {
+        issuer: String,
+        offered: Option<Token>,
+        holder: Option<Token>,
+        message: String,
+    },
+    /// 409 `unknown_issuer`: the gateway does not trust the lock service that
+    /// granted our token. A configuration error.
+    #[error("409 unknown_issuer: the gateway does not trust issuer {issuer:?} (it knows {known:?}): {message}")]
+    UnknownIssuer {
+        issuer: String,
+        known: Vec<String>,
+        message: String,
+    },
+    /// 401 `unauthorized`: no API key, or one the gateway does not know. A
+    /// configuration error.
+    #[error("401 unauthorized: {message}")]
+    Unauthorized { message: String },
+    /// 403: the key belongs to another client than our `Client-Id`
+    /// (`client_id_mismatch`, with the key's client), or is not allowed here.
+    /// A configuration error.
+    #[error("403 {code}: {message}")]
+    Forbidden {
+        code: String,
+        key_client: Option<String>,
+        message: String,
+    },
+    /// 503 `issuer_unavailable`: the gateway could not ask the token's issuer
+    /// in time, so it wrote nothing. Retryable.
+    #[error(
+        "503 issuer_unavailable: the gateway could not check the token with {issuer}: {message}"
+    )]
+    IssuerUnavailable { issuer: String, message: String },
     /// 412 `version_mismatch`: If-Match did not match the page's version.
     #[error("412 version_mismatch: {message}")]
     VersionMismatch { message: String },
@@ -71,14 +154,31 @@ pub enum GatewayError {
 impl GatewayError {
     /// Whether the same request can succeed later.
     pub fn is_transient(&self) -> bool {
-        matches!(self, GatewayError::Unavailable { .. })
+        matches!(
+            self,
+            GatewayError::Unavailable { .. } | GatewayError::IssuerUnavailable { .. }
+        )
     }
 
-    /// Refused by the fence: the token (or its issuer) lost to a newer holder.
+    /// Refused by the fence or by the issuer check: the token (or its issuer)
+    /// is not the current holder's.
     pub fn is_fence_rejection(&self) -> bool {
         matches!(
             self,
-            GatewayError::StaleToken { .. } | GatewayError::IssuerMismatch { .. }
+            GatewayError::StaleToken { .. }
+                | GatewayError::IssuerMismatch { .. }
+                | GatewayError::TokenNotCurrent { .. }
+        )
+    }
+
+    /// The request can never succeed with this configuration (key, client id,
+    /// lock service): retrying is pointless.
+    pub fn is_config_error(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::Unauthorized { .. }
+                | GatewayError::Forbidden { .. }
+                | GatewayError::UnknownIssuer { .. }
         )
     }
 
@@ -87,6 +187,14 @@ impl GatewayError {
         match self {
             GatewayError::StaleToken { .. } => (409, "stale_token"),
             GatewayError::IssuerMismatch { .. } => (409, "issuer_mismatch"),
+            GatewayError::TokenNotCurrent { .. } => (409, "token_not_current"),
+            GatewayError::UnknownIssuer { .. } => (409, "unknown_issuer"),
+            GatewayError::Unauthorized { .. } => (401, "unauthorized"),
+            GatewayError::Forbidden { code, .. } if code == "client_id_mismatch" => {
+                (403, "client_id_mismatch")
+            }
+            GatewayError::Forbidden { .. } => (403, "forbidden"),
+            GatewayError::IssuerUnavailable { .. } => (503, "issuer_unavailable"),
             GatewayError::VersionMismatch { .. } => (412, "version_mismatch"),
             GatewayError::Unavailable { .. } => (503, "unavailable"),
             GatewayError::Http { status, .. } => (*status, "http_error"),
@@ -101,6 +209,7 @@ pub struct GatewayClient {
     http: reqwest::Client,
     base: String,
     client_id: String,
+    api_key: Option<ApiKey>,
 }
 
 impl GatewayClient {
@@ -116,7 +225,14 @@ impl GatewayClient {
             http,
             base: base.trim_end_matches('/').to_string(),
             client_id: client_id.to_string(),
+            api_key: None,
         })
+    }
+
+    /// Send `key` as `Authorization: Bearer` with every request.
+    pub fn with_api_key(mut self, key: Option<ApiKey>) -> Self {
+        self.api_key = key;
+        self
     }
 
     fn url(&self, page: &str) -> String {
@@ -128,7 +244,18 @@ impl GatewayClient {
         req: reqwest::RequestBuilder,
         fence: Option<&Fence>,
     ) -> reqwest::RequestBuilder {
-        let req = req.header("Client-Id", &self.client_id);
+        let mut req = req.header("Client-Id", &self.client_id);
+        if let Some(key) = &self.api_key {
+            match reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.expose())) {
+                Ok(mut value) => {
+                    value.set_sensitive(true);
+                    req = req.header(reqwest::header::AUTHORIZATION, value);
+                }
+                // ApiKey::from_str admits only visible ASCII, which is always a
+                // valid header value; leave the header out rather than panic.
+                Err(_) => tracing::error!("the API key is not a valid header value"),
+            }
+        }
         match fence {
             Some(f) => req
                 .header("Fencing-Token", f.token.to_string())
@@ -235,6 +362,10 @@ fn number_at(v: &Value, keys: &[&str]) -> Option<Token> {
     })
 }
 
+fn string_at(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
 /// Turn the gateway's JSON error (`{"error": code, "message": ..., details}`)
 /// into a [`GatewayError`].
 fn parse_error(status: StatusCode, text: &str, fence: Option<&Fence>) -> GatewayError {
@@ -257,6 +388,47 @@ fn parse_error(status: StatusCode, text: &str, fence: Option<&Fence>) -> Gateway
             message,
         },
         (409, "issuer_mismatch") => GatewayError::IssuerMismatch { message },
+        (409, "token_not_current") => GatewayError::TokenNotCurrent {
+            issuer: string_at(&v, "issuer")
+                .or(fence.map(|f| f.issuer.clone()))
+                .unwrap_or_default(),
+            offered: number_at(&v, &["offered_token", "offered", "token"])
+                .or(fence.map(|f| f.token)),
+            holder: number_at(&v, &["holder_token", "holder"]),
+            message,
+        },
+        (409, "unknown_issuer") => GatewayError::UnknownIssuer {
+            issuer: string_at(&v, "issuer")
+                .or(fence.map(|f| f.issuer.clone()))
+                .unwrap_or_default(),
+            known: v
+                .get("known")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            message,
+        },
+        (401, _) => GatewayError::Unauthorized { message },
+        (403, _) => GatewayError::Forbidden {
+            code: if code.is_empty() {
+                "forbidden".into()
+            } else {
+                code
+            },
+            key_client: string_at(&v, "client_id"),
+            message,
+        },
+        (503, "issuer_unavailable") => GatewayError::IssuerUnavailable {
+            issuer: string_at(&v, "issuer")
+                .or(fence.map(|f| f.issuer.clone()))
+                .unwrap_or_default(),
+            message,
+        },
         (412, _) => GatewayError::VersionMismatch { message },
         (502..=504, _) => GatewayError::Unavailable {
             detail: format!("{status}: {message}"),
@@ -306,5 +478,93 @@ mod tests {
         let e400 = parse_error(StatusCode::BAD_REQUEST, "not json", None);
         assert!(matches!(e400, GatewayError::Http { status: 400, .. }));
         assert!(!e400.is_transient());
+    }
+
+    #[test]
+    fn trust_errors_are_parsed_with_their_details() {
+        let fence = Fence {
+            token: Token::new(7).unwrap(),
+            issuer: "redis".into(),
+        };
+        let e = parse_error(
+            StatusCode::CONFLICT,
+            r#"{"error":"token_not_current","issuer":"redis","offered_token":7,"holder_token":9,"message":"m"}"#,
+            Some(&fence),
+        );
+        assert_eq!(
+            e,
+            GatewayError::TokenNotCurrent {
+                issuer: "redis".into(),
+                offered: Token::new(7),
+                holder: Token::new(9),
+                message: "m".into()
+            }
+        );
+        assert!(e.is_fence_rejection() && !e.is_transient() && !e.is_config_error());
+        assert_eq!(e.status_and_code(), (409, "token_not_current"));
+
+        let nobody = parse_error(
+            StatusCode::CONFLICT,
+            r#"{"error":"token_not_current","issuer":"redis","offered_token":7,"holder_token":null,"message":"m"}"#,
+            Some(&fence),
+        );
+        assert!(matches!(
+            nobody,
+            GatewayError::TokenNotCurrent { holder: None, .. }
+        ));
+
+        let e = parse_error(
+            StatusCode::UNAUTHORIZED,
+            r#"{"error":"unauthorized","message":"no key"}"#,
+            None,
+        );
+        assert!(e.is_config_error() && !e.is_transient());
+        assert_eq!(e.status_and_code(), (401, "unauthorized"));
+
+        let e = parse_error(
+            StatusCode::FORBIDDEN,
+            r#"{"error":"client_id_mismatch","client_id":"bob","message":"m"}"#,
+            None,
+        );
+        assert_eq!(
+            e,
+            GatewayError::Forbidden {
+                code: "client_id_mismatch".into(),
+                key_client: Some("bob".into()),
+                message: "m".into()
+            }
+        );
+        assert!(e.is_config_error());
+        assert_eq!(e.status_and_code(), (403, "client_id_mismatch"));
+
+        let e = parse_error(
+            StatusCode::CONFLICT,
+            r#"{"error":"unknown_issuer","issuer":"redis","known":["zookeeper"],"message":"m"}"#,
+            Some(&fence),
+        );
+        assert!(matches!(&e, GatewayError::UnknownIssuer { known, .. } if known == &["zookeeper"]));
+        assert!(e.is_config_error());
+
+        let e = parse_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"error":"issuer_unavailable","issuer":"redis","message":"timed out"}"#,
+            Some(&fence),
+        );
+        assert!(matches!(&e, GatewayError::IssuerUnavailable { issuer, .. } if issuer == "redis"));
+        assert!(e.is_transient() && !e.is_config_error());
+        assert_eq!(e.status_and_code(), (503, "issuer_unavailable"));
+    }
+
+    #[test]
+    fn api_keys_never_show_in_debug_output_or_errors() {
+        let key: ApiKey = "demo-alice-key-not-secret".parse().unwrap();
+        assert!(!format!("{key:?}").contains("alice"));
+        let err = "has space-in-it-secret".parse::<ApiKey>().unwrap_err();
+        assert!(!err.contains("secret"), "{err}");
+        assert!("".parse::<ApiKey>().is_err());
+        let client = GatewayClient::new("http://g", "alice")
+            .unwrap()
+            .with_api_key(Some(key));
+        assert!(!format!("{client:?}").contains("demo-alice-key"));
     }
 }

@@ -7,6 +7,10 @@ use clap::{Parser, ValueEnum};
 
 /// Edit one page through the gateway under a lock, over and over, and say what
 /// happened at every step.
+///
+/// `worker lock --help`: take the page's lock from the command line, print
+/// its token and hold it (for curl); `worker unlock --help`: end a holder
+/// started with `worker lock --detach`.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "worker", version)]
 pub struct Config {
@@ -45,6 +49,12 @@ pub struct Config {
     /// Name written into every edit line and sent as Client-Id (default: hostname-pid).
     #[arg(long, env = "WORKER_CLIENT_ID")]
     pub client_id: Option<String>,
+
+    /// API key sent as `Authorization: Bearer` (the gateway's demo keys are in
+    /// demo/api-keys). It must be the key of `--client-id`: the lock service
+    /// records that client as the holder, and the gateway compares the two.
+    #[arg(long, env = "WORKER_API_KEY", hide_env_values = true)]
+    pub api_key: Option<crate::client::ApiKey>,
 
     /// Stop after this many edit attempts (0 or absent: unbounded unless --duration).
     #[arg(long, env = "WORKER_EDITS")]

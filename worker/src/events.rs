@@ -101,7 +101,8 @@ pub struct Summary {
     pub attempted: u64,
     /// Writes the gateway acknowledged (200/201).
     pub acknowledged: u64,
-    /// Reads or writes refused by the fence (409 stale_token or issuer_mismatch).
+    /// Reads or writes refused by the fence (409 stale_token or issuer_mismatch)
+    /// or by the gateway's issuer check (409 token_not_current).
     pub rejected: u64,
     /// Edits abandoned because the lost-lock check fired before the write.
     pub abandoned: u64,
@@ -218,8 +219,8 @@ fn log(edit: Option<u64>, event: &Event) {
             }
         }
         Event::Summary(s) => tracing::info!(
-            "summary: {} edits attempted, {} acknowledged, {} rejected by the fence, \
-             {} abandoned on a lost lock, {} errors ({} failed lock attempts retried)",
+            "summary: {} edits attempted, {} acknowledged, {} rejected by the fence or the \
+             issuer check, {} abandoned on a lost lock, {} errors ({} failed lock attempts retried)",
             s.attempted,
             s.acknowledged,
             s.rejected,

@@ -9,11 +9,14 @@
 //! - [`workload`]: the edit loop ([`run`]): acquire, read, append, work,
 //!   lost-lock check, write, release.
 //! - [`events`]: JSONL events on stdout and the human logs beside them.
+//! - [`hold`]: `worker lock` / `worker unlock`, a lock held from the command
+//!   line (the tutorial's curl writes use its token).
 
 pub mod backend;
 pub mod client;
 pub mod config;
 pub mod events;
+pub mod hold;
 pub mod workload;
 
 pub use workload::run;

@@ -1,5 +1,7 @@
 //! The `worker` binary: read the configuration, log to stderr (stdout carries
 //! the JSONL events), and run the edit loop until done or told to stop.
+//! `worker lock` and `worker unlock` (see [`worker::hold`]) take and end a
+//! lock from the command line instead.
 
 use std::io::IsTerminal;
 
@@ -7,14 +9,50 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use worker::config::Config;
+use worker::hold::{LockCommand, UnlockCommand};
 
-// One edit at a time: a single-threaded runtime fits, and it spares the lock
-// round trips the cross-thread wake-ups of the multi-threaded one (the Redis
-// backend measured 1.37x redis-benchmark's rate here against 0.86x on the
-// multi-threaded runtime; docs/BENCHMARKS.md, "Lock backends").
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
-    let config = Config::parse();
+fn main() {
+    // The flat command (`worker` with flags or variables only) is the edit
+    // loop, as always; a first argument `lock` or `unlock` picks the others.
+    let first = std::env::args_os().nth(1);
+    match first.as_ref().and_then(|a| a.to_str()) {
+        Some("lock") => {
+            let cmd = LockCommand::try_parse_args(std::env::args_os().skip(1))
+                .unwrap_or_else(|e| e.exit());
+            init_tracing();
+            exit_on(
+                runtime().block_on(worker::hold::lock(cmd, shutdown_signal())),
+                |e| e.exit_code(),
+            )
+        }
+        Some("unlock") => {
+            let cmd = UnlockCommand::parse_from(std::env::args_os().skip(1));
+            init_tracing();
+            exit_on(runtime().block_on(worker::hold::unlock(cmd)), |e| {
+                e.exit_code()
+            })
+        }
+        _ => {
+            let config = Config::parse();
+            init_tracing();
+            exit_on(
+                runtime()
+                    .block_on(worker::run(config, shutdown_signal()))
+                    .map(|_| ()),
+                |e| e.exit_code(),
+            )
+        }
+    }
+}
+
+fn exit_on<E: std::fmt::Display>(result: Result<(), E>, code: impl Fn(&E) -> i32) {
+    if let Err(e) = result {
+        tracing::error!("{e}");
+        std::process::exit(code(&e));
+    }
+}
+
+fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("worker=info")),
@@ -22,14 +60,17 @@ async fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
 
-    match worker::run(config, shutdown_signal()).await {
-        Ok(_) => {}
-        Err(e) => {
-            tracing::error!("{e}");
-            std::process::exit(e.exit_code());
-        }
-    }
+// One edit at a time: a single-threaded runtime fits, and it spares the lock
+// round trips the cross-thread wake-ups of the multi-threaded one (the Redis
+// backend measured 1.37x redis-benchmark's rate here against 0.86x on the
+// multi-threaded runtime; docs/BENCHMARKS.md, "Lock backends").
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("build the tokio runtime")
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -15,7 +15,14 @@
 //!
 //! The check in step 5 and the write in step 6 are not atomic, and nothing in a
 //! client can make them so: a pause between them (`--stop-self-at writing`) is
-//! invisible here. Only the gateway's fence catches it.
+//! invisible here. Only the gateway catches it: its issuer check
+//! (`token_not_current`: the lock service no longer names us as the holder)
+//! or its fence (`stale_token`); both count as rejected.
+//!
+//! What no retry can fix ends the run with exit code 2 after releasing the
+//! lock: 401 (no or unknown API key), 403 (the key belongs to another client
+//! than `--client-id`) and 409 `unknown_issuer` (the gateway does not trust
+//! our lock service). 503 `issuer_unavailable` is retried like any 503.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,13 +57,70 @@ pub enum RunError {
     Unfenced { issuer: String, reason: String },
     #[error("the gateway client could not be built: {0}")]
     Gateway(#[from] GatewayError),
+    /// The gateway refused us for a reason no retry can fix (401, 403,
+    /// `unknown_issuer`); the lock was released first.
+    #[error("{}", misconfigured_message(error, client_id, *has_key))]
+    Refused {
+        error: GatewayError,
+        client_id: String,
+        has_key: bool,
+    },
+}
+
+/// What to fix, in words, for a refusal no retry can cure.
+fn misconfigured_message(error: &GatewayError, client_id: &str, has_key: bool) -> String {
+    match error {
+        GatewayError::Unauthorized { message } if !has_key => format!(
+            "the gateway requires an API key and none is configured (401: {message}); set \
+             --api-key / WORKER_API_KEY to the key the gateway has for client `{client_id}` \
+             (the demo keys are in demo/api-keys)"
+        ),
+        GatewayError::Unauthorized { message } => format!(
+            "the gateway does not know our API key (401: {message}); set --api-key / \
+             WORKER_API_KEY to the key the gateway has for client `{client_id}` (the demo \
+             keys are in demo/api-keys)"
+        ),
+        GatewayError::Forbidden {
+            code,
+            key_client: Some(key_client),
+            message,
+        } if code == "client_id_mismatch" => format!(
+            "our API key belongs to client `{key_client}`, not `{client_id}` (403 \
+             client_id_mismatch: {message}). The lock service records `{client_id}` as the \
+             holder and the gateway checks the holder against the key's client, so \
+             --client-id / WORKER_CLIENT_ID and --api-key / WORKER_API_KEY must be the same \
+             client's"
+        ),
+        GatewayError::Forbidden { code, message, .. } => format!(
+            "the gateway refused our API key for this request (403 {code}: {message}); use \
+             the writer key of client `{client_id}`"
+        ),
+        GatewayError::UnknownIssuer {
+            issuer,
+            known,
+            message,
+        } => format!(
+            "the gateway does not trust our lock service `{issuer}` as an issuer of fencing \
+             tokens (409 unknown_issuer; it knows {}: {message}). Add it to the gateway's \
+             GATEWAY_ISSUERS, or use one of those backends",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ),
+        other => format!("the gateway refused us for good: {other}"),
+    }
 }
 
 impl RunError {
     /// 2 for what the user must fix in the configuration, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
-            RunError::Config(_) | RunError::Unfenced { .. } | RunError::Gateway(_) => 2,
+            RunError::Config(_)
+            | RunError::Unfenced { .. }
+            | RunError::Gateway(_)
+            | RunError::Refused { .. } => 2,
             RunError::Backend(BackendError::Lock(LockError::InvalidConfig(_))) => 2,
             RunError::Backend(BackendError::Lock(_)) => 1,
             RunError::Backend(_) => 2,
@@ -92,7 +156,8 @@ where
         });
     }
 
-    let gateway = GatewayClient::new(&config.gateway, &client_id)?;
+    let gateway =
+        GatewayClient::new(&config.gateway, &client_id)?.with_api_key(config.api_key.clone());
     let Some(locks) = connect(&config, &stop, &events).await? else {
         let summary = Summary::default();
         events.emit(None, Event::Summary(summary));
@@ -155,16 +220,20 @@ async fn connect(
 }
 
 /// How one edit that got the lock ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Outcome {
     Acknowledged,
-    /// Refused by the fence. `regressed`: refused although the lease is fresh
-    /// and intact, so the lock service's counter went backwards.
+    /// Refused by the fence or the issuer check. `held`: refused although the
+    /// lease is fresh and intact (a counter that went backwards, or a gateway
+    /// asking another lock service than ours), so the next edit will be
+    /// refused too.
     Rejected {
-        regressed: bool,
+        held: bool,
     },
     Abandoned,
     Error,
+    /// Refused for a reason no retry can fix: the run ends.
+    Misconfigured(GatewayError),
 }
 
 /// What a retried gateway call came to.
@@ -203,17 +272,25 @@ impl Workload {
             let n = self.summary.attempted;
             let outcome = self.edit(n, &lease).await;
             self.release(n, lease).await;
-            match outcome {
+            match &outcome {
                 Outcome::Acknowledged => self.summary.acknowledged += 1,
                 Outcome::Rejected { .. } => self.summary.rejected += 1,
                 Outcome::Abandoned => self.summary.abandoned += 1,
                 Outcome::Error => self.summary.errors += 1,
+                Outcome::Misconfigured(error) => {
+                    self.summary.errors += 1;
+                    return Err(RunError::Refused {
+                        error: error.clone(),
+                        client_id: self.client_id.clone(),
+                        has_key: self.config.api_key.is_some(),
+                    });
+                }
             }
             // Going straight on is right after a normal outcome; after a failure
             // that will repeat (a counter that went backwards, a refused request)
             // back off instead of spinning.
             match outcome {
-                Outcome::Rejected { regressed: true } | Outcome::Error => {
+                Outcome::Rejected { held: true } | Outcome::Error => {
                     backoff.sleep_or(&self.stop).await;
                 }
                 _ => backoff.reset(),
@@ -456,7 +533,54 @@ impl Workload {
                         show(*current)
                     )
                 };
-                (*offered, *current, message, Outcome::Rejected { regressed })
+                (
+                    *offered,
+                    *current,
+                    message,
+                    Outcome::Rejected { held: regressed },
+                )
+            }
+            GatewayError::TokenNotCurrent {
+                issuer,
+                offered,
+                holder,
+                message,
+            } => {
+                // Normally our lease ended (a pause, a delay) and the lock
+                // moved on. Refused while our lease is fresh and intact means
+                // the gateway asks a lock service that does not see our
+                // grant: another server than ours, or one that lost it.
+                let held = !lease.is_lost() && lease.acquired_at().elapsed() < lease.ttl();
+                let text = if held {
+                    format!(
+                        "the gateway's issuer `{issuer}` says our token {} is not the current \
+                         holder's (holder token {}) although our lease is fresh and intact: \
+                         the gateway is probably asking another lock service than the one we \
+                         use (compare its GATEWAY_ISSUERS with our backend's URL), or that \
+                         service lost our grant ({message})",
+                        show(*offered),
+                        show(*holder),
+                    )
+                } else {
+                    format!(
+                        "lease was lost and the issuer check rejected the {what}: `{issuer}` \
+                         no longer names us as the holder of token {} (holder token {})",
+                        show(*offered),
+                        show(*holder)
+                    )
+                };
+                (*offered, None, text, Outcome::Rejected { held })
+            }
+            config if config.is_config_error() => {
+                self.emit(
+                    n,
+                    Event::Error {
+                        during,
+                        transient: false,
+                        message: config.to_string(),
+                    },
+                );
+                return Outcome::Misconfigured(config.clone());
             }
             GatewayError::IssuerMismatch { message } => (
                 lease.token(),
@@ -466,7 +590,7 @@ impl Workload {
                      than {} and tokens of different services are never comparable ({message})",
                     lease.issuer()
                 ),
-                Outcome::Rejected { regressed: false },
+                Outcome::Rejected { held: false },
             ),
             GatewayError::VersionMismatch { message } => (
                 lease.token(),

@@ -108,6 +108,20 @@ impl Services {
         Ok(out)
     }
 
+    /// The gateway's issuer for this service's tokens (name, URL); `None`
+    /// for Redlock, which mints none.
+    fn issuer(&self) -> Option<(&'static str, String)> {
+        match self {
+            Services::Redis(r) => Some(("redis", r.url())),
+            Services::Redlock(_) => None,
+            Services::ZooKeeper(z) => {
+                Some(("zookeeper", format!("zookeeper://{}", z.connect_string())))
+            }
+            Services::Postgres { db, .. } => Some(("lease-postgres", db.clone())),
+            Services::MariaDb { db, .. } => Some(("lease-mysql", db.clone())),
+        }
+    }
+
     /// The worker flags that reach this service.
     fn worker_args(&self) -> Vec<String> {
         let (backend, flag, value) = match self {
@@ -208,7 +222,17 @@ pub async fn ours(
 /// second; the note says what else happened.
 pub async fn e2e(services: &Services, page: &str, s: Settings) -> anyhow::Result<(Figure, String)> {
     let db = guarded("postgres for the gateway", harness::fresh_database()).await?;
-    let gw = gateway::spawn(&db, gateway::FenceCheck::Enforce).await?;
+    // Trust on, as in the demo: each worker's key required and, for a
+    // backend with tokens, every token checked with its issuer.
+    let key = |i: usize| format!("cmp-{i}-key-not-secret");
+    let mut options = gateway::GatewayOptions::new(gateway::FenceCheck::Enforce);
+    for i in 0..s.workers {
+        options = options.api_key(&format!("cmp-{i}"), &key(i));
+    }
+    if let Some((name, url)) = services.issuer() {
+        options = options.issuer(name, &url);
+    }
+    let gw = gateway::spawn_with_options(&db, options).await?;
     let start = Instant::now();
     let mut joins = vec![];
     for i in 0..s.workers {
@@ -230,6 +254,8 @@ pub async fn e2e(services: &Services, page: &str, s: Settings) -> anyhow::Result
             "10s",
             "--fencing",
             "on",
+            "--api-key",
+            &key(i),
         ]
         .iter()
         .map(|a| a.to_string())
@@ -256,7 +282,7 @@ pub async fn e2e(services: &Services, page: &str, s: Settings) -> anyhow::Result
         String::new()
     } else {
         format!(
-            "{} edits: {} acknowledged, {} rejected by the fence, {} abandoned, {} errors",
+            "{} edits: {} acknowledged, {} rejected (fence or issuer check), {} abandoned, {} errors",
             total.attempted, total.acknowledged, total.rejected, total.abandoned, total.errors
         )
     };

@@ -473,8 +473,11 @@ pub fn markdown(report: &Report) -> String {
          client, one lock. Contended: {c} clients, each with its own connection (or session, or \
          pool), on one lock; a waiter's latency includes its wait. The end-to-end column runs \
          {w} of the worker's own edit loops (`worker::run`, each with its own lock connection) on \
-         one page through an in-process gateway with the fence enforced: acquire, fenced GET, \
-         fenced PUT, release, no simulated work (`--work-ms 0`); it counts acknowledged edits.\n\n\
+         one page through an in-process gateway with the fence enforced, trust on as in the demo \
+         (each worker's API key required; for the backends with tokens, each token checked with \
+         its issuer before the write): acquire, fenced GET, fenced PUT, release, no simulated \
+         work (`--work-ms 0`); it counts acknowledged edits. `bench trust` in \
+         docs/BENCHMARKS.md isolates what the issuer check costs.\n\n\
          Under contention the p50 can be lower than uncontended: the locks that poll (Redis, \
          Redlock, the lease tables) are not fair, and the client that just released often \
          takes the lock again at once; the p99 is the waiters' latency. ZooKeeper's lock is a \

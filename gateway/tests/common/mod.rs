@@ -1,7 +1,8 @@
-//! Shared helpers: a gateway on a fresh database and a small HTTP client.
+//! Shared helpers: a gateway on a fresh database and a small HTTP client
+//! that sends its API key.
 #![allow(dead_code)]
 
-use gateway::{FenceCheck, RunningGateway};
+use gateway::{FenceCheck, GatewayOptions, RunningGateway};
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -44,13 +45,38 @@ impl Reply {
     }
 }
 
+/// The writers every keyed test gateway knows; see [`key_of`].
+pub const CLIENTS: [&str; 7] = [
+    "tester", "worker-1", "worker-2", "worker-3", "alice", "bob", "mallory",
+];
+/// The admin every keyed test gateway knows.
+pub const ADMIN: &str = "ops";
+
+/// The test key of a client (or admin): at least 16 bytes, never secret.
+pub fn key_of(client: &str) -> String {
+    format!("{client}-test-key-not-secret")
+}
+
+/// Options with every [`CLIENTS`] key and the [`ADMIN`] key: auth required.
+pub fn keyed(fencing: FenceCheck) -> GatewayOptions {
+    CLIENTS
+        .iter()
+        .fold(GatewayOptions::new(fencing), |o, c| {
+            o.api_key(c, &key_of(c))
+        })
+        .admin_key(ADMIN, &key_of(ADMIN))
+}
+
 #[derive(Clone)]
 pub struct Api {
     pub http: reqwest::Client,
     pub base: String,
+    /// Sent as `Authorization: Bearer` with every request, when set.
+    pub key: Option<String>,
 }
 
 impl Api {
+    /// A client without a key.
     pub fn new(base: String) -> Self {
         Self {
             http: reqwest::Client::builder()
@@ -58,10 +84,28 @@ impl Api {
                 .build()
                 .expect("client"),
             base,
+            key: None,
+        }
+    }
+
+    /// The same gateway, as `client` (with its [`key_of`]).
+    pub fn as_client(&self, client: &str) -> Self {
+        self.with_key(Some(key_of(client)))
+    }
+
+    /// The same gateway with this key (or none).
+    pub fn with_key(&self, key: Option<String>) -> Self {
+        Self {
+            key,
+            ..self.clone()
         }
     }
 
     pub async fn send(&self, req: reqwest::RequestBuilder) -> Reply {
+        let req = match &self.key {
+            Some(key) => req.bearer_auth(key),
+            None => req,
+        };
         let resp = req.send().await.expect("request reaches the gateway");
         let status = resp.status();
         let headers = resp.headers().clone();
@@ -114,12 +158,41 @@ impl Api {
             .expect(200);
         r.json["history"].as_array().expect("history array").clone()
     }
+    /// The page (`None` for 404) and its whole history: what a rejection
+    /// must leave as it was.
+    pub async fn snapshot(&self, id: &str) -> (Option<Value>, Vec<Value>) {
+        let reply = self.with_key(None).get(id, &[]).await;
+        let page = match reply.status.as_u16() {
+            200 => Some(reply.json),
+            404 => None,
+            s => panic!("GET {id}: {s} {}", reply.json),
+        };
+        (page, self.history(id).await)
+    }
+
+    /// The fence of a page's row (also of a page only fenced, never written).
+    pub async fn fence(&self, id: &str) -> Value {
+        let reply = self.with_key(None).get(id, &[]).await;
+        match reply.status.as_u16() {
+            200 | 404 => reply.json["fence"].clone(),
+            s => panic!("GET {id}: {s} {}", reply.json),
+        }
+    }
 }
 
-/// A gateway on a fresh database of the shared test server.
+/// A gateway on a fresh database of the shared test server, with every
+/// [`CLIENTS`] key (authentication required); the [`Api`] writes as `tester`.
 pub async fn gateway(fencing: FenceCheck) -> (RunningGateway, Api, String) {
+    gateway_with(keyed(fencing)).await
+}
+
+/// A gateway with these options on a fresh database; the [`Api`] writes as
+/// `tester`.
+pub async fn gateway_with(options: GatewayOptions) -> (RunningGateway, Api, String) {
     let url = harness::fresh_database().await;
-    let gw = gateway::spawn(&url, fencing).await.expect("spawn gateway");
-    let api = Api::new(gw.url());
+    let gw = gateway::spawn_with_options(&url, options)
+        .await
+        .expect("spawn gateway");
+    let api = Api::new(gw.url()).as_client("tester");
     (gw, api, url)
 }

@@ -1,0 +1,537 @@
+//! `cargo run --release -p bench -- trust`: what the issuer check costs.
+//!
+//! Fenced PUTs through the gateway, per lock backend, with real grants: the
+//! bench holds the lock `page:<id>` of every page it writes (one grant each,
+//! client `bench`, taken from the backend's real service before the runs and
+//! held to the end), and every PUT carries that page's token. Three gateways
+//! on the same database and the same pages, measured alternately in one run:
+//!
+//! - **no key**: authentication off, no issuer: the gateway before issue 12;
+//! - **keys**: the writer's key required (SHA-256 digest, constant-time
+//!   compare), no issuer;
+//! - **keys + issuer**: the same, and before every fenced statement the
+//!   gateway asks the backend's service whether `bench` holds `page:<id>`
+//!   with exactly that token (`fencelock::HolderLookup`).
+//!
+//! The gateways run in this process (their own tokio tasks), the lock
+//! services and PostgreSQL as real servers on this machine, and the load comes
+//! from keep-alive HTTP/1.1 connections (a minimal client on raw TCP, like
+//! `bench gateway`'s, so that it takes little of the shared CPU). Before
+//! measuring, the run proves that each gateway does what its name says (a key
+//! is refused where required, a token nobody holds is refused where issuers
+//! are asked). Every answer must be 2xx: a refused PUT fails the run.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chaos::Backend;
+use fencelock::lease_table::LeaseTable;
+use fencelock::redis::RedisLock;
+use fencelock::zookeeper::ZooKeeperLock;
+use fencelock::{AcquireOptions, Lease, LockService};
+use gateway::{AuthMode, FenceCheck, GatewayOptions, RunningGateway};
+
+use crate::stats::{median, ms, spread, Run};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Seconds per measured run.
+    #[arg(long, default_value_t = 5)]
+    secs: u64,
+    /// Runs per gateway and backend (figures are medians).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// HTTP connections writing at once.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Pages written (one held lock each), chosen at random per request.
+    #[arg(long, default_value_t = 100)]
+    pages: u64,
+    /// Only these backends (repeatable; default: the four that mint tokens).
+    #[arg(long, value_enum)]
+    backend: Vec<Backend>,
+    /// Do not rewrite the section of docs/BENCHMARKS.md.
+    #[arg(long)]
+    no_write: bool,
+}
+
+const BODY_LEN: usize = 100;
+const CLIENT: &str = "bench";
+const KEY: &str = "bench-writer-key-not-secret";
+const HOLD: Duration = Duration::from_secs(3600);
+
+/// The three gateways, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    NoKey,
+    Keys,
+    KeysAndIssuer,
+}
+
+const VARIANTS: [Variant; 3] = [Variant::NoKey, Variant::Keys, Variant::KeysAndIssuer];
+
+impl Variant {
+    fn keyed(self) -> bool {
+        self != Variant::NoKey
+    }
+}
+
+/// The real service of one backend, and its URL as the gateway's issuer.
+enum Service {
+    Redis(harness::Redis),
+    ZooKeeper(harness::ZooKeeper),
+    LeasePostgres(String),
+    LeaseMysql(String),
+}
+
+impl Service {
+    async fn start(backend: Backend) -> anyhow::Result<Service> {
+        Ok(match backend {
+            Backend::Redis => Service::Redis(harness::Redis::start().await),
+            Backend::Zookeeper => Service::ZooKeeper(harness::ZooKeeper::start().await),
+            Backend::LeasePostgres => Service::LeasePostgres(harness::fresh_database().await),
+            Backend::LeaseMysql => Service::LeaseMysql(harness::fresh_mysql_database().await),
+            Backend::Redlock => bail!("Redlock mints no token: it cannot be an issuer"),
+        })
+    }
+
+    /// (Fencing-Issuer name, URL for `--issuer`).
+    fn issuer(&self) -> (&'static str, String) {
+        match self {
+            Service::Redis(r) => ("redis", r.url()),
+            Service::ZooKeeper(z) => ("zookeeper", format!("zookeeper://{}", z.connect_string())),
+            Service::LeasePostgres(url) => ("lease-postgres", url.clone()),
+            Service::LeaseMysql(url) => ("lease-mysql", url.clone()),
+        }
+    }
+
+    async fn locks(&self) -> anyhow::Result<Arc<dyn LockService>> {
+        Ok(match self {
+            Service::Redis(r) => {
+                Arc::new(RedisLock::connect(&r.url()).await?.with_client_id(CLIENT)?)
+            }
+            Service::ZooKeeper(z) => Arc::new(
+                ZooKeeperLock::connect(&z.connect_string(), Duration::from_secs(30))
+                    .await?
+                    .with_client_id(CLIENT)?,
+            ),
+            Service::LeasePostgres(url) => {
+                Arc::new(LeaseTable::postgres(url).await?.with_client_id(CLIENT)?)
+            }
+            Service::LeaseMysql(url) => {
+                Arc::new(LeaseTable::mysql(url).await?.with_client_id(CLIENT)?)
+            }
+        })
+    }
+}
+
+struct Row {
+    backend: Backend,
+    runs: HashMap<&'static str, Vec<Run>>,
+}
+
+fn label(v: Variant) -> &'static str {
+    match v {
+        Variant::NoKey => "no key",
+        Variant::Keys => "keys",
+        Variant::KeysAndIssuer => "keys + issuer",
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let backends = if args.backend.is_empty() {
+        vec![
+            Backend::Redis,
+            Backend::Zookeeper,
+            Backend::LeasePostgres,
+            Backend::LeaseMysql,
+        ]
+    } else {
+        args.backend.clone()
+    };
+    // The gateways' own database: a private server, as `bench gateway` uses.
+    let pg = harness::Postgres::start().await;
+    let mut rows = Vec::new();
+    for backend in backends {
+        eprintln!(
+            "{backend}: starting the lock service and taking {} locks",
+            args.pages
+        );
+        let service = Service::start(backend).await?;
+        let (issuer, issuer_url) = service.issuer();
+        let locks = service.locks().await?;
+        let mut leases: Vec<Lease> = Vec::with_capacity(args.pages as usize);
+        let mut tokens = Vec::with_capacity(args.pages as usize);
+        for id in 1..=args.pages {
+            let lease = locks
+                .acquire_with(
+                    &format!("page:{id}"),
+                    // Held for the whole run; no renewal traffic during it.
+                    AcquireOptions::new(HOLD)
+                        .wait(Duration::from_secs(10))
+                        .auto_renew(false),
+                )
+                .await
+                .with_context(|| format!("{backend}: lock page:{id}"))?;
+            tokens.push(lease.token().context("a fencing token")?.get());
+            leases.push(lease);
+        }
+        let tokens = Arc::new(tokens);
+
+        let db = pg.create_database().await;
+        let mut gateways: Vec<(Variant, RunningGateway)> = Vec::new();
+        for v in VARIANTS {
+            let options = match v {
+                Variant::NoKey => GatewayOptions::new(FenceCheck::Enforce).auth(AuthMode::Off),
+                Variant::Keys => GatewayOptions::new(FenceCheck::Enforce).api_key(CLIENT, KEY),
+                Variant::KeysAndIssuer => GatewayOptions::new(FenceCheck::Enforce)
+                    .api_key(CLIENT, KEY)
+                    .issuer(issuer, &issuer_url),
+            };
+            gateways.push((v, gateway::spawn_with_options(&db, options).await?));
+        }
+        for (v, gw) in &gateways {
+            prove(*v, gw, issuer).await.with_context(|| {
+                format!(
+                    "{backend}: the `{}` gateway is not what it claims",
+                    label(*v)
+                )
+            })?;
+        }
+
+        eprintln!("{backend}: seeding and warming up");
+        for (v, gw) in &gateways {
+            load(
+                gw.addr(),
+                *v,
+                issuer,
+                &tokens,
+                args.clients,
+                Duration::from_secs(1),
+            )
+            .await?;
+        }
+        let mut row = Row {
+            backend,
+            runs: HashMap::new(),
+        };
+        for r in 0..args.repeats {
+            for (v, gw) in &gateways {
+                let run = load(
+                    gw.addr(),
+                    *v,
+                    issuer,
+                    &tokens,
+                    args.clients,
+                    Duration::from_secs(args.secs),
+                )
+                .await?;
+                eprintln!(
+                    "{backend} run {}/{}: {:<14} {:>7.0} PUT/s  p50 {}  p99 {}",
+                    r + 1,
+                    args.repeats,
+                    label(*v),
+                    run.per_sec(),
+                    ms(run.p50()),
+                    ms(run.p99()),
+                );
+                row.runs.entry(label(*v)).or_default().push(run);
+            }
+        }
+        for (_, gw) in gateways {
+            gw.shutdown().await?;
+        }
+        for lease in leases {
+            let _ = lease.release().await;
+        }
+        rows.push(row);
+        drop(service);
+    }
+    let table = table(&rows);
+    println!("{table}");
+    if !args.no_write {
+        write_section(&section_text(&args, &table))?;
+        eprintln!("wrote the section \"{HEADING}\" of docs/BENCHMARKS.md");
+    }
+    Ok(())
+}
+
+/// Check that a gateway is the variant it stands for, on page `probe` (whose
+/// lock nobody holds): keyed ones refuse a PUT without a key; the one with
+/// the issuer refuses a token nobody was granted; the others accept it.
+async fn prove(v: Variant, gw: &RunningGateway, issuer: &str) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let put = |key: Option<&str>| {
+        let mut req = http
+            .put(format!("{}/pages/probe", gw.url()))
+            .header("Fencing-Token", "1")
+            .header("Fencing-Issuer", issuer)
+            .json(&serde_json::json!({ "body": "probe" }));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        req.send()
+    };
+    let anonymous = put(None).await?.status().as_u16();
+    let keyed = put(Some(KEY)).await?;
+    let (keyed_status, keyed_body) = (keyed.status().as_u16(), keyed.text().await?);
+    match v {
+        Variant::NoKey if (200..300).contains(&anonymous) => {}
+        Variant::Keys if anonymous == 401 && (200..300).contains(&keyed_status) => {}
+        Variant::KeysAndIssuer
+            if anonymous == 401
+                && keyed_status == 409
+                && keyed_body.contains("token_not_current") => {}
+        _ => bail!(
+            "without a key: {anonymous}; with the key and a token nobody holds: \
+             {keyed_status} {keyed_body}"
+        ),
+    }
+    Ok(())
+}
+
+/// `clients` keep-alive connections PUTting random held pages for `secs`.
+async fn load(
+    addr: SocketAddr,
+    v: Variant,
+    issuer: &'static str,
+    tokens: &Arc<Vec<u64>>,
+    clients: usize,
+    secs: Duration,
+) -> anyhow::Result<Run> {
+    let start = Instant::now();
+    let deadline = start + secs;
+    let json = serde_json::json!({ "body": "x".repeat(BODY_LEN) }).to_string();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let tokens = tokens.clone();
+        let json = json.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::connect(addr).await?;
+            let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (c as u64 + 1);
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let i = (rng % tokens.len() as u64) as usize;
+                let t0 = Instant::now();
+                let key = v.keyed().then_some(KEY);
+                let (status, body) = conn
+                    .put(i as u64 + 1, tokens[i], issuer, key, &json)
+                    .await?;
+                if !(200..300).contains(&status) {
+                    bail!("PUT /pages/{} answered {status}: {body}", i + 1);
+                }
+                latencies.push(t0.elapsed());
+            }
+            anyhow::Ok(latencies)
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await??);
+    }
+    Ok(Run {
+        ops: latencies.len() as u64,
+        elapsed: start.elapsed(),
+        latencies,
+    })
+}
+
+/// One keep-alive HTTP/1.1 connection that sends fenced PUTs.
+struct Conn {
+    stream: tokio::io::BufReader<tokio::net::TcpStream>,
+    request: Vec<u8>,
+    line: String,
+}
+
+impl Conn {
+    async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            stream: tokio::io::BufReader::new(stream),
+            request: Vec::with_capacity(512),
+            line: String::new(),
+        })
+    }
+
+    async fn put(
+        &mut self,
+        id: u64,
+        token: u64,
+        issuer: &str,
+        key: Option<&str>,
+        json: &str,
+    ) -> anyhow::Result<(u16, String)> {
+        use std::io::Write;
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        self.request.clear();
+        write!(
+            self.request,
+            "PUT /pages/{id} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n\
+             fencing-token: {token}\r\nfencing-issuer: {issuer}\r\n"
+        )?;
+        if let Some(key) = key {
+            write!(self.request, "authorization: Bearer {key}\r\n")?;
+        }
+        write!(self.request, "content-length: {}\r\n\r\n{json}", json.len())?;
+        self.stream.get_mut().write_all(&self.request).await?;
+        self.line.clear();
+        self.stream.read_line(&mut self.line).await?;
+        let status: u16 = self
+            .line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("bad status line {:?}", self.line))?;
+        let mut length = 0_usize;
+        loop {
+            self.line.clear();
+            if self.stream.read_line(&mut self.line).await? == 0 {
+                bail!("connection closed");
+            }
+            let l = self.line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    length = v.trim().parse()?;
+                }
+            }
+        }
+        let mut body = vec![0_u8; length];
+        self.stream.read_exact(&mut body).await?;
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut t = String::from(
+        "| backend | no key: PUT/s (median, min..max) | keys: PUT/s | keys + issuer: PUT/s | issuer check: × of keys | keys + issuer p50 / p99 ms | keys p50 / p99 ms |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for row in rows {
+        let rates = |v: Variant| -> Vec<f64> {
+            row.runs
+                .get(label(v))
+                .map(|runs| runs.iter().map(Run::per_sec).collect())
+                .unwrap_or_default()
+        };
+        let cell = |v: Variant| {
+            let r = rates(v);
+            let (lo, hi) = spread(&r);
+            format!("{:.0} ({lo:.0}..{hi:.0})", median(&r))
+        };
+        let q = |v: Variant, f: fn(&Run) -> Duration| {
+            let v: Vec<f64> = row
+                .runs
+                .get(label(v))
+                .map(|runs| runs.iter().map(|r| f(r).as_secs_f64()).collect())
+                .unwrap_or_default();
+            ms(Duration::from_secs_f64(median(&v)))
+        };
+        t.push_str(&format!(
+            "| {} | {} | {} | {} | {:.2}× | {} / {} | {} / {} |\n",
+            row.backend,
+            cell(Variant::NoKey),
+            cell(Variant::Keys),
+            cell(Variant::KeysAndIssuer),
+            median(&rates(Variant::KeysAndIssuer)) / median(&rates(Variant::Keys)),
+            q(Variant::KeysAndIssuer, Run::p50),
+            q(Variant::KeysAndIssuer, Run::p99),
+            q(Variant::Keys, Run::p50),
+            q(Variant::Keys, Run::p99),
+        ));
+    }
+    t
+}
+
+fn section_text(args: &Args, table: &str) -> String {
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "Command: `cargo run --release -p bench -- trust` \
+         (here: `--secs {} --repeats {} --clients {} --pages {}`)\n\n\
+         Machine: {cpus} CPUs (`nproc`). Date: {date}. Every figure is fenced PUT/s through \
+         the gateway (in the bench's process, default pool of {} PostgreSQL connections, a \
+         private PostgreSQL 15 with `fsync=off` as in the section above) from {} keep-alive \
+         HTTP connections, with real grants: for each backend the bench takes the lock \
+         `page:<id>` of each of {} pages from the backend's real server (client `bench`) and \
+         holds them; every PUT writes a random one of those pages with its token. Three \
+         gateways on the same database, measured alternately in one run: **no key** \
+         (authentication off, no issuer: the gateway before issue 12), **keys** (the writer's \
+         key required, no issuer), **keys + issuer** (and before each fenced statement the \
+         gateway asks the backend's server whether `bench` holds `page:<id>` with exactly that \
+         token: one Redis `GET`; a ZooKeeper `sync` and `getChildren` (sent together), then \
+         `getData` of the queue's head; one `select` of the lease row by its key). The run first proves each gateway is what it \
+         claims (a PUT without a key refused where keys are required, a token nobody holds \
+         refused where the issuer is asked). Medians of {} runs of {} s, min..max in brackets; \
+         \"× of keys\" is the issuer column's median over the keys column's.\n\n\
+         {table}",
+        args.secs,
+        args.repeats,
+        args.clients,
+        args.pages,
+        gateway::DEFAULT_POOL_SIZE,
+        args.clients,
+        args.pages,
+        args.repeats,
+        args.secs,
+    )
+}
+
+const HEADING: &str = "## What the issuer check costs";
+
+/// Replace the body of this section (or add it after the Gateway section),
+/// leaving the other sections alone; keep notes after a line "Notes:".
+fn write_section(body: &str) -> anyhow::Result<()> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/BENCHMARKS.md");
+    let text = std::fs::read_to_string(&path)?;
+    let new = match text.find(HEADING) {
+        Some(at) => {
+            let start = at + HEADING.len();
+            let end = text[start..]
+                .find("\n## ")
+                .map_or(text.len(), |i| start + i + 1);
+            let old = &text[start..end];
+            let notes = old
+                .find("\nNotes:")
+                .map(|i| old[i..].trim_end().to_owned() + "\n")
+                .unwrap_or_default();
+            format!(
+                "{}{HEADING}\n\n{}\n{notes}\n{}",
+                &text[..at],
+                body.trim_end(),
+                &text[end..]
+            )
+        }
+        None => {
+            // After the Gateway section: the next "## " after its heading.
+            let gateway = text
+                .find("## Gateway:")
+                .context("the Gateway section of docs/BENCHMARKS.md")?;
+            let next = text[gateway + 3..]
+                .find("\n## ")
+                .map_or(text.len(), |i| gateway + 3 + i + 1);
+            format!(
+                "{}{HEADING}\n\n{}\n\n{}",
+                &text[..next],
+                body.trim_end(),
+                &text[next..]
+            )
+        }
+    };
+    std::fs::write(&path, new)?;
+    Ok(())
+}

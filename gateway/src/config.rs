@@ -1,0 +1,354 @@
+//! The binary's flags ([`Config`], each with an environment fallback) and the
+//! same settings for a gateway spawned in-process ([`GatewayOptions`]).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::auth::{AuthMode, KeyRing};
+use crate::issuers::IssuerSpec;
+use crate::server::ServeOptions;
+use crate::trust::TrustOptions;
+use crate::{FenceCheck, DEFAULT_POOL_SIZE};
+
+/// A flag's value that must never be logged (API keys): `Debug` shows `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+/// The gateway's configuration: flags, with environment fallbacks.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "gateway",
+    about = "Page storage over HTTP that rejects stale fencing tokens"
+)]
+pub struct Config {
+    /// PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/pages; with a
+    /// standby: postgres://postgres@db1:5432,db2:5432/pages?target_session_attrs=read-write
+    /// (requests go to whichever server accepts writes).
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    /// Address to listen on.
+    #[arg(long, env = "GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// `enforce` refuses stale tokens; `off` accepts them and marks them stale in the history.
+    #[arg(long, env = "GATEWAY_FENCING", value_enum, default_value = "enforce")]
+    pub fencing: FenceCheck,
+    /// Maximum PostgreSQL connections (a few per core is where PostgreSQL
+    /// is fastest; HTTP connections are multiplexed onto them).
+    #[arg(long, env = "GATEWAY_DB_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
+    pub db_pool_size: u32,
+    /// `required`: a PUT, and any request with Fencing-Token, needs
+    /// `Authorization: Bearer <key>` (the gateway refuses to start without a
+    /// key). `off`: anybody may write (a WARN at start).
+    #[arg(long, env = "GATEWAY_AUTH", value_enum, default_value = "required")]
+    pub auth: AuthMode,
+    /// Writers' keys: `client=key,client=key` (keys of at least 16 bytes).
+    /// The client is what the history records as `client_id`.
+    #[arg(long, env = "GATEWAY_API_KEYS", value_name = "CLIENT=KEY,...")]
+    pub api_keys: Option<Secret>,
+    /// A file of writers' keys: one `client=key` a line, `#` comments.
+    #[arg(long, env = "GATEWAY_API_KEYS_FILE", value_name = "FILE")]
+    pub api_keys_file: Option<PathBuf>,
+    /// Admins' keys, for `POST /admin/pages/{id}/fence` only: `name=key,...`.
+    #[arg(long, env = "GATEWAY_ADMIN_KEYS", value_name = "NAME=KEY,...")]
+    pub admin_keys: Option<Secret>,
+    /// A file of admins' keys: one `name=key` a line, `#` comments.
+    #[arg(long, env = "GATEWAY_ADMIN_KEYS_FILE", value_name = "FILE")]
+    pub admin_keys_file: Option<PathBuf>,
+    /// A lock service whose tokens are checked, `NAME=URL` (repeatable; in the
+    /// variable, space-separated). NAME is the Fencing-Issuer value; the URL's
+    /// scheme picks the backend: redis://, zookeeper://host:port[,host:port],
+    /// postgres:// or mysql:// (a fencelock lease table). Redlock cannot be one.
+    #[arg(
+        long = "issuer",
+        env = "GATEWAY_ISSUERS",
+        value_name = "NAME=URL",
+        value_delimiter = ' '
+    )]
+    pub issuers: Vec<Secret>,
+    /// How long an issuer may take to answer before the request is refused
+    /// with 503 issuer_unavailable (fail closed).
+    #[arg(long, env = "GATEWAY_ISSUER_TIMEOUT", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub issuer_timeout: Duration,
+    /// Most HTTP connections served at once; more wait to be accepted.
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS", default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers (and how long
+    /// an idle keep-alive connection is kept); then the connection is closed.
+    #[arg(long, env = "GATEWAY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+}
+
+impl Config {
+    /// Keys (read from their files too) and issuers, parsed and validated:
+    /// `Err` names the flag entry or file line at fault, never a key.
+    pub fn trust_options(&self) -> anyhow::Result<TrustOptions> {
+        let mut writers = KeyRing::new();
+        if let Some(list) = &self.api_keys {
+            writers
+                .add_list("GATEWAY_API_KEYS (--api-keys)", list.expose())
+                .map_err(anyhow::Error::msg)?;
+        }
+        if let Some(path) = &self.api_keys_file {
+            writers.add_file(path).map_err(anyhow::Error::msg)?;
+        }
+        let mut admins = KeyRing::new();
+        if let Some(list) = &self.admin_keys {
+            admins
+                .add_list("GATEWAY_ADMIN_KEYS (--admin-keys)", list.expose())
+                .map_err(anyhow::Error::msg)?;
+        }
+        if let Some(path) = &self.admin_keys_file {
+            admins.add_file(path).map_err(anyhow::Error::msg)?;
+        }
+        let issuers = self
+            .issuers
+            .iter()
+            .filter(|s| !s.expose().trim().is_empty())
+            .map(|s| s.expose().parse::<IssuerSpec>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(anyhow::Error::msg)?;
+        let options = TrustOptions {
+            auth: self.auth,
+            writers,
+            admins,
+            issuers,
+            issuer_timeout: self.issuer_timeout,
+        };
+        options.validate().map_err(anyhow::Error::msg)?;
+        Ok(options)
+    }
+
+    /// The connection limits.
+    pub fn serve_options(&self) -> ServeOptions {
+        ServeOptions {
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
+        }
+    }
+}
+
+/// Everything [`crate::spawn_with_options`] needs besides the database: the
+/// in-process twin of [`Config`]. Built with chained calls; a bad key or
+/// issuer is reported by the spawn.
+///
+/// ```no_run
+/// # async fn demo(db: &str) -> anyhow::Result<()> {
+/// use gateway::{FenceCheck, GatewayOptions};
+/// let gw = gateway::spawn_with_options(
+///     db,
+///     GatewayOptions::new(FenceCheck::Enforce)
+///         .api_key("alice", "alice-key-0123456789")
+///         .admin_key("admin", "admin-key-0123456789")
+///         .issuer("redis", "redis://127.0.0.1:6379"),
+/// )
+/// .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    pub fencing: FenceCheck,
+    pub pool_size: u32,
+    pub trust: TrustOptions,
+    pub serve: ServeOptions,
+    /// The first invalid key or issuer given, reported by the spawn.
+    error: Option<String>,
+}
+
+impl GatewayOptions {
+    /// Authentication off, no issuers, default pool and connection limits:
+    /// what [`crate::spawn`] runs.
+    pub fn new(fencing: FenceCheck) -> Self {
+        GatewayOptions {
+            fencing,
+            pool_size: DEFAULT_POOL_SIZE,
+            trust: TrustOptions::off(),
+            serve: ServeOptions::default(),
+            error: None,
+        }
+    }
+
+    /// Parsed flags (keys read from their files).
+    pub fn from_config(config: &Config) -> anyhow::Result<Self> {
+        Ok(GatewayOptions {
+            fencing: config.fencing,
+            pool_size: config.db_pool_size,
+            trust: config.trust_options()?,
+            serve: config.serve_options(),
+            error: None,
+        })
+    }
+
+    fn fail(&mut self, e: String) {
+        self.error.get_or_insert(e);
+    }
+
+    /// A writer's key. The first one turns authentication on
+    /// ([`AuthMode::Required`]); call [`GatewayOptions::auth`] afterwards to
+    /// turn it off again.
+    pub fn api_key(mut self, client: &str, key: &str) -> Self {
+        if self.trust.writers.is_empty() {
+            self.trust.auth = AuthMode::Required;
+        }
+        if let Err(e) = self.trust.writers.add("api key", client, key) {
+            self.fail(e);
+        }
+        self
+    }
+
+    /// An admin's key (the history records `admin:<name>`).
+    pub fn admin_key(mut self, name: &str, key: &str) -> Self {
+        if let Err(e) = self.trust.admins.add("admin key", name, key) {
+            self.fail(e);
+        }
+        self
+    }
+
+    /// An issuer whose tokens are checked: `name` is the Fencing-Issuer value.
+    pub fn issuer(mut self, name: &str, url: &str) -> Self {
+        match format!("{name}={url}").parse() {
+            Ok(spec) => self.trust.issuers.push(spec),
+            Err(e) => self.fail(e),
+        }
+        self
+    }
+
+    pub fn auth(mut self, mode: AuthMode) -> Self {
+        self.trust.auth = mode;
+        self
+    }
+
+    pub fn issuer_timeout(mut self, timeout: Duration) -> Self {
+        self.trust.issuer_timeout = timeout;
+        self
+    }
+
+    pub fn pool_size(mut self, n: u32) -> Self {
+        self.pool_size = n;
+        self
+    }
+
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.serve.max_connections = n;
+        self
+    }
+
+    pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.serve.header_read_timeout = timeout;
+        self
+    }
+
+    /// The trust settings, or the first error any call above met.
+    pub fn checked_trust(&self) -> anyhow::Result<TrustOptions> {
+        if let Some(e) = &self.error {
+            anyhow::bail!("{e}");
+        }
+        self.trust.validate().map_err(anyhow::Error::msg)?;
+        Ok(self.trust.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Config {
+        let mut all = vec!["gateway", "--database-url", "postgres://x"];
+        all.extend_from_slice(args);
+        Config::try_parse_from(all).expect("flags parse")
+    }
+
+    #[test]
+    fn required_auth_without_a_key_refuses_to_start_and_says_how_to_fix_it() {
+        let err = parse(&[]).trust_options().unwrap_err().to_string();
+        assert!(err.contains("GATEWAY_API_KEYS"), "{err}");
+        assert!(err.contains("GATEWAY_AUTH=off"), "{err}");
+        assert!(parse(&["--auth", "off"]).trust_options().is_ok());
+    }
+
+    #[test]
+    fn keys_from_flag_and_file_issuers_and_timeout() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(
+            &mut file,
+            b"# the writers\nbob=bob-key-0123456789abc\n\n  carol = carol-key-0123456789\n",
+        )
+        .unwrap();
+        let config = parse(&[
+            "--api-keys",
+            "alice=alice-key-0123456789",
+            "--api-keys-file",
+            file.path().to_str().unwrap(),
+            "--admin-keys",
+            "root=root-key-0123456789",
+            "--issuer",
+            "redis=redis://127.0.0.1:6379",
+            "--issuer",
+            "zookeeper=zookeeper://a:2181,b:2181",
+            "--issuer-timeout",
+            "250ms",
+        ]);
+        let t = config.trust_options().unwrap();
+        assert_eq!(
+            t.writers.names().collect::<Vec<_>>(),
+            ["alice", "bob", "carol"]
+        );
+        assert_eq!(t.writers.find("carol-key-0123456789"), Some("carol"));
+        assert_eq!(t.admins.find("root-key-0123456789"), Some("root"));
+        assert_eq!(t.issuers.len(), 2);
+        assert_eq!(t.issuer_timeout, Duration::from_millis(250));
+        assert!(!format!("{config:?}").contains("alice-key"));
+    }
+
+    #[test]
+    fn a_bad_file_line_is_named_and_an_admin_key_cannot_write() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut file, b"bob=bob-key-0123456789abc\nbob=tiny-k\n").unwrap();
+        let path = file.path().to_str().unwrap().to_owned();
+        let err = parse(&["--api-keys-file", &path])
+            .trust_options()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("{path} line 2")), "{err}");
+        assert!(!err.contains("tiny-k"), "{err}");
+
+        let err = parse(&[
+            "--api-keys",
+            "alice=same-key-0123456789",
+            "--admin-keys",
+            "root=same-key-0123456789",
+        ])
+        .trust_options()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("admin key must not be a writer key"), "{err}");
+
+        let err = parse(&["--auth", "off", "--issuer", "redlock=redlock://a:1"])
+            .trust_options()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Redlock cannot be an issuer"), "{err}");
+    }
+}

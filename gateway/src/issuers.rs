@@ -1,0 +1,427 @@
+//! The lock services the gateway trusts, asked before every fenced access
+//! whether the token is current: the storage's half of Chubby's
+//! `CheckSequencer`, through [`fencelock::HolderLookup`].
+//!
+//! An issuer is configured as `NAME=URL`; `NAME` is the `Fencing-Issuer`
+//! value its tokens arrive with, the URL's scheme picks the backend. Each
+//! issuer is connected in the background, with retries, so the gateway starts
+//! (and serves everything else) while a lock service is still down; until it
+//! is connected, and whenever a lookup fails or is slower than the issuer
+//! timeout, requests fenced by it are answered 503 `issuer_unavailable`
+//! (fail closed). Once connected, the backends reconnect by themselves (Redis
+//! reconnects its connection, ZooKeeper its session, the lease tables their
+//! pools), so the gateway recovers without a restart.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock::lease_table::LeaseTable;
+use fencelock::redis::RedisLock;
+use fencelock::zookeeper::ZooKeeperLock;
+use fencelock::{Holder, HolderLookup, LockError};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Default for `--issuer-timeout`.
+pub const DEFAULT_ISSUER_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The ZooKeeper session timeout the gateway asks for (its lookups are reads;
+/// the session only needs to outlive short disconnects).
+const ZOOKEEPER_SESSION: Duration = Duration::from_secs(10);
+/// Connections of a lease table's pool, for lookups only.
+const LEASE_TABLE_CONNECTIONS: u32 = 4;
+/// How long one connection attempt may take in the background.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
+/// Longest pause between connection attempts.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// The lock name a page's writers hold: `page:<id>`.
+pub fn lock_name(page: &str) -> String {
+    format!("page:{page}")
+}
+
+/// Which kind of lock service an issuer URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `redis://host:port[/db]`
+    Redis,
+    /// `zookeeper://host:port[,host:port...]`
+    ZooKeeper,
+    /// `postgres://...` (or `postgresql://`): the lease table `fencelock_leases`.
+    LeasePostgres,
+    /// `mysql://...` (or `mariadb://`): the lease table `fencelock_leases`.
+    LeaseMysql,
+}
+
+impl Backend {
+    /// The `Fencing-Issuer` this backend's leases carry ([`fencelock::Lease::issuer`]).
+    pub fn lease_issuer(self) -> &'static str {
+        match self {
+            Backend::Redis => fencelock::redis::ISSUER,
+            Backend::ZooKeeper => fencelock::zookeeper::ISSUER,
+            Backend::LeasePostgres => fencelock::lease_table::ISSUER_POSTGRES,
+            Backend::LeaseMysql => fencelock::lease_table::ISSUER_MYSQL,
+        }
+    }
+}
+
+/// One configured issuer: `NAME=URL`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IssuerSpec {
+    pub name: String,
+    pub url: String,
+    pub backend: Backend,
+}
+
+impl fmt::Debug for IssuerSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.name, crate::redact(&self.url))
+    }
+}
+
+/// Whether `name` can be a `Fencing-Issuer` value: `[a-z0-9._:-]{1,64}`.
+pub fn valid_issuer_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b':' | b'-')
+        })
+}
+
+impl FromStr for IssuerSpec {
+    type Err = String;
+
+    /// `NAME=URL`. Errors show the URL without its password.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let Some((name, url)) = s.trim().split_once('=') else {
+            return Err(format!(
+                "issuer {:?}: expected NAME=URL, e.g. redis=redis://127.0.0.1:6379",
+                crate::redact(s)
+            ));
+        };
+        let (name, url) = (name.trim(), url.trim());
+        if !valid_issuer_name(name) {
+            return Err(format!(
+                "issuer name {name:?}: must match [a-z0-9._:-]{{1,64}} (it is the Fencing-Issuer value)"
+            ));
+        }
+        let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        let backend = match scheme.as_deref() {
+            Some("redis") => Backend::Redis,
+            Some("zookeeper") | Some("zk") => Backend::ZooKeeper,
+            Some("postgres") | Some("postgresql") => Backend::LeasePostgres,
+            Some("mysql") | Some("mariadb") => Backend::LeaseMysql,
+            Some("redlock") => {
+                return Err(format!(
+                    "issuer {name:?}: Redlock cannot be an issuer: it mints no fencing token \
+                     (its leases are unfenced), so there is nothing to check a token against"
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "issuer {name:?}: its URL must start with redis://, zookeeper://, \
+                     postgres:// or mysql://"
+                ))
+            }
+        };
+        if backend == Backend::ZooKeeper && zookeeper_hosts(url).is_empty() {
+            return Err(format!(
+                "issuer {name:?}: zookeeper://host:port[,host:port...] names no server"
+            ));
+        }
+        Ok(IssuerSpec {
+            name: name.to_owned(),
+            url: url.to_owned(),
+            backend,
+        })
+    }
+}
+
+/// `zookeeper://a:2181,b:2181/` to `a:2181,b:2181`.
+fn zookeeper_hosts(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.trim_end_matches('/')
+}
+
+async fn connect(spec: &IssuerSpec) -> Result<Arc<dyn HolderLookup>, LockError> {
+    Ok(match spec.backend {
+        Backend::Redis => Arc::new(RedisLock::connect(&spec.url).await?),
+        Backend::ZooKeeper => {
+            Arc::new(ZooKeeperLock::connect(zookeeper_hosts(&spec.url), ZOOKEEPER_SESSION).await?)
+        }
+        Backend::LeasePostgres => Arc::new(
+            LeaseTable::postgres_with(
+                &spec.url,
+                fencelock::lease_table::LeaseTableOptions::default()
+                    .max_connections(LEASE_TABLE_CONNECTIONS),
+            )
+            .await?,
+        ),
+        Backend::LeaseMysql => Arc::new(
+            LeaseTable::mysql_with(
+                &spec.url,
+                fencelock::lease_table::LeaseTableOptions::default()
+                    .max_connections(LEASE_TABLE_CONNECTIONS),
+            )
+            .await?,
+        ),
+    })
+}
+
+/// Why an issuer could not answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unavailable {
+    /// Not connected yet (down at start, or still connecting).
+    NotConnected { last_error: Option<String> },
+    /// No answer within the issuer timeout.
+    TimedOut(Duration),
+    /// The lock service answered with an error.
+    Failed(String),
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unavailable::NotConnected { last_error: None } => write!(f, "not connected yet"),
+            Unavailable::NotConnected {
+                last_error: Some(e),
+            } => write!(f, "not connected yet: {e}"),
+            Unavailable::TimedOut(d) => write!(f, "no answer within {d:?}"),
+            Unavailable::Failed(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Connection {
+    Connecting {
+        last_error: Option<String>,
+    },
+    Ready(Arc<dyn HolderLookup>),
+    /// The URL can never work (malformed): no more attempts.
+    Broken(String),
+}
+
+/// One issuer, connected in the background.
+pub struct Issuer {
+    spec: IssuerSpec,
+    state: watch::Receiver<Connection>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Issuer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Issuer {
+    /// Start connecting to `spec` in the background (needs a tokio runtime).
+    fn start(spec: IssuerSpec) -> Self {
+        let (tx, rx) = watch::channel(Connection::Connecting { last_error: None });
+        let task = tokio::spawn(keep_connecting(spec.clone(), tx));
+        Issuer {
+            spec,
+            state: rx,
+            task,
+        }
+    }
+
+    pub fn spec(&self) -> &IssuerSpec {
+        &self.spec
+    }
+
+    /// Whether the background connection has been made.
+    pub fn is_connected(&self) -> bool {
+        matches!(*self.state.borrow(), Connection::Ready(_))
+    }
+
+    /// Who holds `lock` right now, asked within `timeout` (waiting, within
+    /// that same bound, for the first connection if it is being made).
+    pub async fn current_holder(
+        &self,
+        lock: &str,
+        timeout: Duration,
+    ) -> Result<Option<Holder>, Unavailable> {
+        let mut state = self.state.clone();
+        let ask = async {
+            let connection = state
+                .wait_for(|c| !matches!(c, Connection::Connecting { .. }))
+                .await
+                .map(|c| c.clone());
+            match connection {
+                Ok(Connection::Ready(lookup)) => lookup
+                    .current_holder(lock)
+                    .await
+                    .map_err(|e| Unavailable::Failed(e.to_string())),
+                Ok(Connection::Broken(e)) => Err(Unavailable::Failed(e)),
+                // The connecting task is gone (the gateway is shutting down).
+                Ok(Connection::Connecting { .. }) | Err(_) => {
+                    Err(Unavailable::NotConnected { last_error: None })
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, ask).await {
+            Ok(answer) => answer,
+            Err(_) => match &*self.state.borrow() {
+                Connection::Connecting { last_error } => Err(Unavailable::NotConnected {
+                    last_error: last_error.clone(),
+                }),
+                _ => Err(Unavailable::TimedOut(timeout)),
+            },
+        }
+    }
+}
+
+/// Connect, retrying with a growing pause until it works; log the first
+/// failure and the success (not every retry).
+async fn keep_connecting(spec: IssuerSpec, tx: watch::Sender<Connection>) {
+    let mut delay = Duration::from_millis(100);
+    let mut failures = 0_u64;
+    loop {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(CONNECT_ATTEMPT, connect(&spec)).await {
+            Ok(r) => r,
+            Err(_) => Err(LockError::unavailable(
+                spec.backend.lease_issuer(),
+                format!("connecting took longer than {CONNECT_ATTEMPT:?}"),
+            )),
+        };
+        match result {
+            Ok(lookup) => {
+                tracing::info!(issuer = %spec.name, url = %crate::redact(&spec.url), after_failures = failures, "connected to issuer");
+                tx.send_replace(Connection::Ready(lookup));
+                return;
+            }
+            Err(LockError::InvalidConfig(e)) => {
+                tracing::error!(issuer = %spec.name, "issuer URL is unusable, requests it fences will be answered 503: {e}");
+                tx.send_replace(Connection::Broken(format!("misconfigured: {e}")));
+                return;
+            }
+            Err(e) => {
+                failures += 1;
+                if failures == 1 {
+                    tracing::warn!(issuer = %spec.name, url = %crate::redact(&spec.url), error = %e, "issuer not reachable yet; requests it fences are answered 503 until it is (retrying)");
+                } else {
+                    tracing::debug!(issuer = %spec.name, error = %e, failures, "issuer still not reachable");
+                }
+                tx.send_replace(Connection::Connecting {
+                    last_error: Some(e.to_string()),
+                });
+            }
+        }
+        tokio::time::sleep_until(started + delay).await;
+        delay = (delay * 2).min(MAX_RETRY_DELAY);
+    }
+}
+
+/// Every configured issuer, by `Fencing-Issuer` name.
+pub struct Issuers {
+    by_name: BTreeMap<String, Issuer>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Issuers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Issuers")
+            .field(
+                "issuers",
+                &self.by_name.values().map(|i| &i.spec).collect::<Vec<_>>(),
+            )
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Issuers {
+    /// No issuer: tokens are not checked with anybody.
+    pub fn none() -> Self {
+        Issuers {
+            by_name: BTreeMap::new(),
+            timeout: DEFAULT_ISSUER_TIMEOUT,
+        }
+    }
+
+    /// Start connecting to each (needs a tokio runtime). Names must be unique.
+    pub fn start(specs: &[IssuerSpec], timeout: Duration) -> Result<Self, String> {
+        let mut by_name = BTreeMap::new();
+        for spec in specs {
+            if by_name.contains_key(&spec.name) {
+                return Err(format!("issuer {:?} is configured twice", spec.name));
+            }
+            by_name.insert(spec.name.clone(), Issuer::start(spec.clone()));
+        }
+        Ok(Issuers { by_name, timeout })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Issuer> {
+        self.by_name.get(name)
+    }
+
+    /// The configured names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.by_name.keys().cloned().collect()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Issuer> {
+        self.by_name.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issuer_specs_pick_their_backend_by_scheme() {
+        let spec: IssuerSpec = "zookeeper=zookeeper://zk1:2181,zk2:2181/".parse().unwrap();
+        assert_eq!(spec.backend, Backend::ZooKeeper);
+        assert_eq!(zookeeper_hosts(&spec.url), "zk1:2181,zk2:2181");
+        let spec: IssuerSpec = "lease-postgres=postgres://u:secret@db/pages"
+            .parse()
+            .unwrap();
+        assert_eq!(spec.backend, Backend::LeasePostgres);
+        assert!(!format!("{spec:?}").contains("secret"));
+        assert_eq!(
+            "redis=redis://r:6379"
+                .parse::<IssuerSpec>()
+                .unwrap()
+                .backend,
+            Backend::Redis
+        );
+        assert_eq!(
+            "lease-mysql=mysql://root@m/locks"
+                .parse::<IssuerSpec>()
+                .unwrap()
+                .backend,
+            Backend::LeaseMysql
+        );
+    }
+
+    #[test]
+    fn redlock_and_unknown_schemes_are_refused_with_the_reason() {
+        let e = "redlock=redlock://a:6379"
+            .parse::<IssuerSpec>()
+            .unwrap_err();
+        assert!(e.contains("mints no fencing token"), "{e}");
+        let e = "x=http://a".parse::<IssuerSpec>().unwrap_err();
+        assert!(e.contains("must start with"), "{e}");
+        let e = "Redis=redis://a".parse::<IssuerSpec>().unwrap_err();
+        assert!(e.contains("[a-z0-9._:-]"), "{e}");
+        let e = "redis".parse::<IssuerSpec>().unwrap_err();
+        assert!(e.contains("NAME=URL"), "{e}");
+        let e = "lp=postgres:/u:pw@x".parse::<IssuerSpec>().unwrap_err();
+        assert!(!e.contains("pw"), "{e}");
+    }
+}

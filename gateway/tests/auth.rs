@@ -1,0 +1,307 @@
+//! Issue 12: only known clients write, plain reads stay public, and an
+//! operator can reset a page's fence through the audited admin endpoint.
+//! Against a real PostgreSQL; no issuer here (see issuers.rs).
+
+mod common;
+
+use common::{gateway, key_of, Api, ADMIN};
+use gateway::{FenceCheck, GatewayOptions};
+use serde_json::json;
+
+#[tokio::test]
+async fn writes_and_fenced_reads_without_a_known_key_are_401_and_change_nothing() {
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
+    api.put_fenced("p", "original", 5).await.expect(201);
+    let before = api.snapshot("p").await;
+
+    let nobody = api.with_key(None);
+    let wrong = api.with_key(Some("not-a-key-of-anybody-here".into()));
+    for (who, client) in [("no key", &nobody), ("unknown key", &wrong)] {
+        for reply in [
+            client
+                .put_fenced("p", "owned", 9_223_372_036_854_775_807)
+                .await,
+            client.put("p", "no token", &[]).await,
+            client.get("p", &[("Fencing-Token", "9")]).await,
+            client.get("fresh", &[("Fencing-Token", "9")]).await,
+            // Authentication comes first, even before a malformed header.
+            client.put("p", "x", &[("Fencing-Token", "abc")]).await,
+        ] {
+            let reply = reply.expect_error(401, "unauthorized");
+            assert_eq!(
+                reply
+                    .headers
+                    .get("www-authenticate")
+                    .map(|v| v.to_str().unwrap()),
+                Some("Bearer"),
+                "{who}: {}",
+                reply.json
+            );
+        }
+    }
+    for malformed in [
+        "Basic dGVzdGVyOnRlc3Q=",
+        "Bearer",
+        "tester-test-key-not-secret",
+    ] {
+        let reply = api
+            .with_key(None)
+            .send(
+                api.http
+                    .put(api.url("/pages/p"))
+                    .header("Authorization", malformed)
+                    .header("Fencing-Token", "9")
+                    .json(&json!({"body": "x"})),
+            )
+            .await;
+        reply.expect_error(401, "unauthorized");
+    }
+
+    assert_eq!(api.snapshot("p").await, before, "a 401 changed the page");
+    assert_eq!(api.fence("fresh").await, json!(null), "a 401 fenced a page");
+}
+
+#[tokio::test]
+async fn a_client_id_naming_another_client_is_403_and_the_keys_client_is_recorded() {
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
+    let alice = api.as_client("alice");
+    alice.put_fenced("p", "by alice", 3).await.expect(201);
+    let before = api.snapshot("p").await;
+
+    for reply in [
+        alice
+            .put(
+                "p",
+                "as bob",
+                &[("Fencing-Token", "4"), ("Client-Id", "bob")],
+            )
+            .await,
+        alice
+            .get("p", &[("Fencing-Token", "4"), ("Client-Id", "bob")])
+            .await,
+    ] {
+        let reply = reply.expect_error(403, "client_id_mismatch");
+        assert_eq!(reply.json["client_id"], "alice", "{}", reply.json);
+    }
+    assert_eq!(api.snapshot("p").await, before, "a 403 changed the page");
+
+    alice
+        .put(
+            "p",
+            "again",
+            &[("Fencing-Token", "4"), ("Client-Id", "alice")],
+        )
+        .await
+        .expect(200);
+    let history = api.history("p").await;
+    let clients: Vec<_> = history.iter().map(|h| h["client_id"].clone()).collect();
+    assert_eq!(clients, [json!("alice"), json!("alice")]);
+}
+
+#[tokio::test]
+async fn plain_reads_stay_public() {
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
+    api.put_fenced("p", "text", 1).await.expect(201);
+    let public = api.with_key(None);
+    assert_eq!(public.get("p", &[]).await.expect(200).json["body"], "text");
+    public
+        .get("none", &[])
+        .await
+        .expect_error(404, "page_not_found");
+    assert_eq!(public.history("p").await.len(), 1);
+    for path in ["/pages", "/healthz", "/readyz"] {
+        public
+            .send(public.http.get(public.url(path)))
+            .await
+            .expect(200);
+    }
+    let metrics = public
+        .http
+        .get(public.url("/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert!(metrics.status().is_success());
+}
+
+#[tokio::test]
+async fn with_auth_off_anybody_writes_as_before() {
+    let (_gw, api, _) = common::gateway_with(GatewayOptions::new(FenceCheck::Enforce)).await;
+    let anybody = api.with_key(None);
+    anybody
+        .put(
+            "p",
+            "x",
+            &[("Fencing-Token", "1"), ("Client-Id", "whoever")],
+        )
+        .await
+        .expect(201);
+    assert_eq!(api.history("p").await[0]["client_id"], "whoever");
+}
+
+#[tokio::test]
+async fn required_auth_without_keys_refuses_to_start_and_bad_keys_are_named() {
+    let url = harness::fresh_database().await;
+    let err = gateway::spawn_with_options(
+        &url,
+        GatewayOptions::new(FenceCheck::Enforce).auth(gateway::AuthMode::Required),
+    )
+    .await
+    .err()
+    .expect("no key: refused")
+    .to_string();
+    assert!(err.contains("GATEWAY_AUTH=off"), "{err}");
+
+    let err = gateway::spawn_with_options(
+        &url,
+        GatewayOptions::new(FenceCheck::Enforce).api_key("alice", "short-key"),
+    )
+    .await
+    .err()
+    .expect("short key: refused")
+    .to_string();
+    assert!(
+        err.contains("shorter than 16 bytes") && !err.contains("short-key"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_admin_lowers_a_fence_with_an_audited_history_row() {
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
+    // A fence far above what the lock service can grant (e.g. its counter was lost).
+    api.put(
+        "p",
+        "text",
+        &[("Fencing-Token", "1000"), ("Fencing-Issuer", "redis")],
+    )
+    .await
+    .expect(201);
+    api.put(
+        "p",
+        "late",
+        &[("Fencing-Token", "7"), ("Fencing-Issuer", "redis")],
+    )
+    .await
+    .expect_error(409, "stale_token");
+
+    let admin = api.with_key(Some(key_of(ADMIN)));
+    let set = |body: serde_json::Value| {
+        admin
+            .http
+            .post(admin.url("/admin/pages/p/fence"))
+            .json(&body)
+    };
+    let reply = admin
+        .send(set(
+            json!({"issuer": "redis", "token": 6, "reason": "redis counter lost in restart"}),
+        ))
+        .await
+        .expect(200);
+    assert_eq!(
+        reply.json,
+        json!({"id": "p", "version": 1, "fence": {"issuer": "redis", "token": 6},
+               "previous_fence": {"issuer": "redis", "token": 1000}})
+    );
+    let audit = &api.history("p").await[0];
+    assert_eq!(audit["method"], "ADMIN");
+    assert_eq!(audit["outcome"], "fence_set");
+    assert_eq!(audit["client_id"], format!("admin:{ADMIN}"));
+    assert_eq!(audit["token"], 6);
+    assert_eq!(audit["fence_token"], 6);
+    assert_eq!(audit["reason"], "redis counter lost in restart");
+    // Ordinary rows carry no reason field at all.
+    assert!(api.history("p").await[1].get("reason").is_none());
+
+    // The holder of token 7 writes again.
+    api.put(
+        "p",
+        "late",
+        &[("Fencing-Token", "7"), ("Fencing-Issuer", "redis")],
+    )
+    .await
+    .expect(200);
+
+    // Clearing: both null. Then any issuer may fence the page again.
+    let cleared = admin
+        .send(set(
+            json!({"issuer": null, "token": null, "reason": "moving to zookeeper"}),
+        ))
+        .await
+        .expect(200);
+    assert_eq!(cleared.json["fence"], json!(null));
+    api.put(
+        "p",
+        "zk",
+        &[("Fencing-Token", "3"), ("Fencing-Issuer", "zookeeper")],
+    )
+    .await
+    .expect(200);
+}
+
+async fn post(client: &Api, path: &str, body: &serde_json::Value) -> common::Reply {
+    client
+        .send(client.http.post(client.url(path)).json(body))
+        .await
+}
+
+#[tokio::test]
+async fn the_admin_endpoint_refuses_writers_strangers_and_bad_bodies_changing_nothing() {
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
+    api.put_fenced("p", "text", 50).await.expect(201);
+    let before = api.snapshot("p").await;
+    let body = json!({"issuer": "default", "token": 1, "reason": "test"});
+
+    post(&api.with_key(None), "/admin/pages/p/fence", &body)
+        .await
+        .expect_error(401, "unauthorized");
+    post(
+        &api.with_key(Some("unknown-key-0123456789".into())),
+        "/admin/pages/p/fence",
+        &body,
+    )
+    .await
+    .expect_error(401, "unauthorized");
+    // A writer's key is not an admin key.
+    let r = post(&api, "/admin/pages/p/fence", &body).await;
+    assert_eq!(r.status.as_u16(), 403, "{}", r.json);
+    assert_eq!(r.json["error"], "forbidden");
+
+    let admin = api.with_key(Some(key_of(ADMIN)));
+    for (bad, code) in [
+        (json!({"issuer": "default", "token": 1}), "invalid_json"),
+        (
+            json!({"issuer": "default", "token": 1, "reason": "  "}),
+            "invalid_reason",
+        ),
+        (
+            json!({"issuer": "default", "token": null, "reason": "x"}),
+            "invalid_fence",
+        ),
+        (
+            json!({"issuer": "Bad Name", "token": 1, "reason": "x"}),
+            "invalid_fencing_issuer",
+        ),
+        (
+            json!({"issuer": "default", "token": -1, "reason": "x"}),
+            "invalid_json",
+        ),
+        (
+            json!({"issuer": "default", "token": 1, "reason": "x", "extra": 1}),
+            "invalid_json",
+        ),
+    ] {
+        post(&admin, "/admin/pages/p/fence", &bad)
+            .await
+            .expect_error(400, code);
+    }
+    post(&admin, "/admin/pages/nobody/fence", &body)
+        .await
+        .expect_error(404, "page_not_found");
+    assert_eq!(
+        api.snapshot("p").await,
+        before,
+        "a refused admin call changed the page"
+    );
+    assert_eq!(api.fence("nobody").await, json!(null));
+}

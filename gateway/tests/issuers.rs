@@ -1,0 +1,538 @@
+//! Issue 12: every fencing token is checked with the lock service that issued
+//! it. Real Redis, ZooKeeper, PostgreSQL and MariaDB; locks taken with
+//! `fencelock` under each client's id, as the worker takes them.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{gateway_with, keyed, Api};
+use fencelock::lease_table::LeaseTable;
+use fencelock::redis::RedisLock;
+use fencelock::zookeeper::ZooKeeperLock;
+use fencelock::{Lease, LockService};
+use gateway::FenceCheck;
+use rand::Rng;
+use serde_json::{json, Value};
+
+const PAGE: &str = "shared";
+const LOCK: &str = "page:shared";
+const TTL: Duration = Duration::from_secs(15);
+/// Generous: the machine is shared; the rejection tests set their own.
+const ISSUER_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Redis,
+    ZooKeeper,
+    LeasePostgres,
+    LeaseMysql,
+}
+
+/// A running lock service, and how the gateway and the clients reach it.
+struct Issuer {
+    backend: Backend,
+    url: String,
+    redis: Option<harness::Redis>,
+    _zookeeper: Option<harness::ZooKeeper>,
+}
+
+impl Issuer {
+    async fn start(backend: Backend) -> Issuer {
+        let mut issuer = Issuer {
+            backend,
+            url: String::new(),
+            redis: None,
+            _zookeeper: None,
+        };
+        match backend {
+            Backend::Redis => {
+                let redis = harness::Redis::start().await;
+                issuer.url = redis.url();
+                issuer.redis = Some(redis);
+            }
+            Backend::ZooKeeper => {
+                let zk = harness::ZooKeeper::start().await;
+                issuer.url = format!("zookeeper://{}", zk.connect_string());
+                issuer._zookeeper = Some(zk);
+            }
+            Backend::LeasePostgres => issuer.url = harness::fresh_database().await,
+            Backend::LeaseMysql => issuer.url = harness::fresh_mysql_database().await,
+        }
+        issuer
+    }
+
+    /// The `Fencing-Issuer` its leases carry, which the gateway is told.
+    fn name(&self) -> &'static str {
+        match self.backend {
+            Backend::Redis => "redis",
+            Backend::ZooKeeper => "zookeeper",
+            Backend::LeasePostgres => "lease-postgres",
+            Backend::LeaseMysql => "lease-mysql",
+        }
+    }
+
+    /// A lock service for `client`: every grant records that client id.
+    async fn locks(&self, client: &str) -> Arc<dyn LockService> {
+        match self.backend {
+            Backend::Redis => Arc::new(
+                RedisLock::connect(&self.url)
+                    .await
+                    .unwrap()
+                    .with_client_id(client)
+                    .unwrap(),
+            ),
+            Backend::ZooKeeper => Arc::new(
+                ZooKeeperLock::connect(
+                    self.url.trim_start_matches("zookeeper://"),
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap()
+                .with_client_id(client)
+                .unwrap(),
+            ),
+            Backend::LeasePostgres => Arc::new(
+                LeaseTable::postgres(&self.url)
+                    .await
+                    .unwrap()
+                    .with_client_id(client)
+                    .unwrap(),
+            ),
+            Backend::LeaseMysql => Arc::new(
+                LeaseTable::mysql(&self.url)
+                    .await
+                    .unwrap()
+                    .with_client_id(client)
+                    .unwrap(),
+            ),
+        }
+    }
+
+    fn options(&self, fencing: FenceCheck) -> gateway::GatewayOptions {
+        keyed(fencing)
+            .issuer(self.name(), &self.url)
+            .issuer_timeout(ISSUER_TIMEOUT)
+    }
+}
+
+async fn acquire(locks: &Arc<dyn LockService>) -> Lease {
+    locks
+        .acquire(LOCK, TTL, Duration::from_secs(60))
+        .await
+        .expect("acquire the page's lock")
+}
+
+/// The fencing headers of a lease.
+fn fenced(lease: &Lease) -> [(&'static str, String); 2] {
+    [
+        ("Fencing-Token", lease.token().unwrap().to_string()),
+        ("Fencing-Issuer", lease.issuer().to_owned()),
+    ]
+}
+
+fn headers<'a>(h: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    h.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+/// Headers for a token of `issuer` that `lease` does not hold.
+fn token_headers(issuer: &str, token: u64) -> [(&'static str, String); 2] {
+    [
+        ("Fencing-Token", token.to_string()),
+        ("Fencing-Issuer", issuer.to_owned()),
+    ]
+}
+
+#[track_caller]
+fn assert_not_current(reply: common::Reply, offered: u64, holder: Option<u64>) {
+    let reply = reply.expect_error(409, "token_not_current");
+    assert_eq!(reply.json["offered_token"], offered, "{}", reply.json);
+    assert_eq!(reply.json["holder_token"], json!(holder), "{}", reply.json);
+}
+
+// ---- the rejections, each with nothing written ----
+
+#[tokio::test]
+async fn every_token_the_issuer_did_not_grant_to_this_client_is_refused_and_writes_nothing() {
+    let issuer = Issuer::start(Backend::Redis).await;
+    let (_gw, api, _) = gateway_with(issuer.options(FenceCheck::Enforce)).await;
+    let alice = api.as_client("alice");
+    let bob = api.as_client("bob");
+
+    let lease = acquire(&issuer.locks("alice").await).await;
+    let t = lease.token().unwrap().get();
+    alice
+        .put(PAGE, "by alice", &headers(&fenced(&lease)))
+        .await
+        .expect(201);
+    let (page, mut history) = api.snapshot(PAGE).await;
+
+    // Not an issuer of this gateway (also the default issuer): no history row.
+    for h in [
+        vec![
+            ("Fencing-Token", t.to_string()),
+            ("Fencing-Issuer", "zookeeper".into()),
+        ],
+        vec![("Fencing-Token", t.to_string())],
+    ] {
+        let r = alice
+            .put(PAGE, "x", &headers(&h))
+            .await
+            .expect_error(409, "unknown_issuer");
+        assert_eq!(r.json["known"], json!(["redis"]), "{}", r.json);
+        assert_eq!(api.snapshot(PAGE).await, (page.clone(), history.clone()));
+    }
+
+    // From the future (higher than the page's fence, so the fence alone
+    // would take it), guessed, copied by another client, as a PUT and as a
+    // fenced GET: each leaves one history row and nothing else.
+    let cases: Vec<(&str, &Api, &str, u64, &str)> = vec![
+        ("future", &alice, "PUT", t + 1000, "alice"),
+        (
+            "future, the largest token",
+            &alice,
+            "PUT",
+            i64::MAX as u64,
+            "alice",
+        ),
+        ("guessed", &bob, "PUT", t - 1, "bob"),
+        ("copied", &bob, "PUT", t, "bob"),
+        ("copied, fenced read", &bob, "GET", t, "bob"),
+        ("future, fenced read", &alice, "GET", t + 1, "alice"),
+    ];
+    for (what, client, method, token, who) in cases {
+        let h = token_headers("redis", token);
+        let reply = match method {
+            "PUT" => client.put(PAGE, "forged", &headers(&h)).await,
+            _ => client.get(PAGE, &headers(&h)).await,
+        };
+        assert_not_current(reply, token, Some(t));
+        let (now_page, now_history) = api.snapshot(PAGE).await;
+        assert_eq!(now_page, page, "{what}: the page changed");
+        assert_eq!(now_history.len(), history.len() + 1, "{what}");
+        let row = &now_history[0];
+        assert_eq!(
+            (
+                row["outcome"].clone(),
+                row["method"].clone(),
+                row["token"].clone()
+            ),
+            (json!("token_not_current"), json!(method), json!(token)),
+            "{what}: {row}"
+        );
+        assert_eq!(row["client_id"], who, "{what}: {row}");
+        assert_eq!(row["fence_token"], t, "{what}: the fence moved: {row}");
+        assert_eq!(row["version"], 1, "{what}: {row}");
+        history = now_history;
+    }
+
+    // A fenced read of a page nobody wrote, with a forged token, fences nothing.
+    assert_not_current(
+        bob.get("unwritten", &headers(&token_headers("redis", 1 << 40)))
+            .await,
+        1 << 40,
+        None,
+    );
+    assert_eq!(api.fence("unwritten").await, json!(null));
+
+    // Released: the token is no longer current, even for its own client.
+    lease.release().await.unwrap();
+    assert_not_current(
+        alice
+            .put(PAGE, "late", &headers(&token_headers("redis", t)))
+            .await,
+        t,
+        None,
+    );
+    assert_eq!(api.snapshot(PAGE).await.0, page);
+}
+
+#[tokio::test]
+async fn an_issuer_down_at_start_answers_503_then_the_gateway_recovers_by_itself() {
+    let mut issuer = Issuer::start(Backend::Redis).await;
+    issuer.redis.as_mut().unwrap().kill();
+    // The gateway starts while its issuer is down.
+    let (_gw, api, _) = gateway_with(
+        issuer
+            .options(FenceCheck::Enforce)
+            .issuer_timeout(Duration::from_millis(500)),
+    )
+    .await;
+    let alice = api.as_client("alice");
+    let h = token_headers("redis", 1);
+    let r = alice
+        .put(PAGE, "unchecked", &headers(&h))
+        .await
+        .expect_error(503, "issuer_unavailable");
+    assert_eq!(r.json["issuer"], "redis");
+    alice
+        .get(PAGE, &headers(&h))
+        .await
+        .expect_error(503, "issuer_unavailable");
+    assert_eq!(
+        api.snapshot(PAGE).await,
+        (None, vec![]),
+        "a 503 wrote something"
+    );
+    // Unfenced reads and the rest do not depend on the issuer.
+    api.send(api.http.get(api.url("/readyz"))).await.expect(200);
+
+    issuer.redis.as_mut().unwrap().start_again().await;
+    let lease = acquire(&issuer.locks("alice").await).await;
+    let fenced = fenced(&lease);
+    let first = harness::wait_until(Duration::from_secs(30), || {
+        let (alice, fenced) = (alice.clone(), fenced.clone());
+        async move {
+            let reply = alice.put(PAGE, "checked", &headers(&fenced)).await;
+            match reply.status.as_u16() {
+                503 => Err(format!("still {}", reply.json)),
+                _ => Ok(reply),
+            }
+        }
+    })
+    .await
+    .expect("the gateway reaches the issuer once it is up");
+    first.expect(201);
+
+    // Slower than the issuer timeout (the server frozen): 503, in bounded time.
+    issuer.redis.as_mut().unwrap().process().pause();
+    let started = std::time::Instant::now();
+    alice
+        .put(PAGE, "while frozen", &headers(&fenced))
+        .await
+        .expect_error(503, "issuer_unavailable");
+    let waited = started.elapsed();
+    issuer.redis.as_mut().unwrap().process().resume();
+    assert!(waited < Duration::from_secs(5), "took {waited:?}");
+    assert_eq!(api.get(PAGE, &[]).await.expect(200).json["body"], "checked");
+    alice
+        .put(PAGE, "after", &headers(&fenced))
+        .await
+        .expect(200);
+}
+
+#[tokio::test]
+async fn with_fencing_off_no_issuer_is_asked() {
+    // An issuer nobody listens on: with fencing on it could only answer 503.
+    let dead = format!("redis://127.0.0.1:{}/", harness::free_port());
+    let (_gw, api, _) = gateway_with(keyed(FenceCheck::Off).issuer("redis", &dead)).await;
+    api.put(
+        PAGE,
+        "x",
+        &[("Fencing-Token", "5"), ("Fencing-Issuer", "redis")],
+    )
+    .await
+    .expect(201);
+    // Not even the issuer's name is looked at: fencing off checks nothing.
+    api.put(
+        PAGE,
+        "y",
+        &[("Fencing-Token", "5"), ("Fencing-Issuer", "elsewhere")],
+    )
+    .await
+    .expect(200);
+    let (_gw2, api2, _) = gateway_with(
+        keyed(FenceCheck::Enforce)
+            .issuer("redis", &dead)
+            .issuer_timeout(Duration::from_millis(200)),
+    )
+    .await;
+    api2.put(
+        PAGE,
+        "x",
+        &[("Fencing-Token", "5"), ("Fencing-Issuer", "redis")],
+    )
+    .await
+    .expect_error(503, "issuer_unavailable");
+}
+
+// ---- the headline: two keyed workers and a forger on one page ----
+
+/// What the forger sent, and what came back.
+struct Forgery {
+    what: &'static str,
+    status: u16,
+    json: Value,
+}
+
+async fn workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(backend: Backend) {
+    const EDITS: usize = 5;
+    let issuer = Arc::new(Issuer::start(backend).await);
+    let (gw, api, _) = gateway_with(issuer.options(FenceCheck::Enforce)).await;
+    // The current holder, as the forger learns it (say, by sniffing).
+    let holder: Arc<Mutex<Option<(String, u64)>>> = Arc::default();
+    let granted: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let done = Arc::new(AtomicBool::new(false));
+
+    let mut workers = Vec::new();
+    for name in ["worker-1", "worker-2"] {
+        let (issuer, api, holder, granted) = (
+            issuer.clone(),
+            api.as_client(name),
+            holder.clone(),
+            granted.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let locks = issuer.locks(name).await;
+            let mut acknowledged = Vec::new();
+            for n in 0..EDITS {
+                let lease = acquire(&locks).await;
+                let token = lease.token().unwrap().get();
+                granted.lock().unwrap().push(token);
+                *holder.lock().unwrap() = Some((name.to_owned(), token));
+                let h = fenced(&lease);
+                let read = api.get(PAGE, &headers(&h)).await;
+                let body = match read.status.as_u16() {
+                    200 => read.json["body"].as_str().unwrap().to_owned(),
+                    404 => String::new(),
+                    s => panic!("{name}'s fenced read: {s} {}", read.json),
+                };
+                let line = format!("{name} #{n} token={token}\n");
+                let reply = api.put(PAGE, &format!("{body}{line}"), &headers(&h)).await;
+                assert!(
+                    reply.status.is_success(),
+                    "{name}'s edit with its own current token was refused: {} {}",
+                    reply.status,
+                    reply.json
+                );
+                acknowledged.push(line);
+                lease.release().await.expect("released while held");
+            }
+            acknowledged
+        }));
+    }
+
+    let forger = {
+        let (mallory, holder, granted, done, issuer_name) = (
+            api.as_client("mallory"),
+            holder.clone(),
+            granted.clone(),
+            done.clone(),
+            issuer.name(),
+        );
+        tokio::spawn(async move {
+            let mut sent = Vec::new();
+            let mut round = 0_u64;
+            while !done.load(Ordering::SeqCst) || sent.len() < 24 {
+                round += 1;
+                let max = granted.lock().unwrap().iter().copied().max().unwrap_or(1);
+                let current = holder.lock().unwrap().clone();
+                let guess = rand::rng().random_range(0..=max);
+                let (what, token, client_id) = match round % 5 {
+                    0 => ("future", max + 1 + round, None),
+                    1 => ("future, the largest token", i64::MAX as u64, None),
+                    2 => ("guessed", guess, None),
+                    3 => ("copied", current.as_ref().map_or(max, |c| c.1), None),
+                    _ => match current {
+                        Some((who, t)) => ("copied, posing as its holder", t, Some(who)),
+                        None => ("guessed", guess, None),
+                    },
+                };
+                let mut h = vec![
+                    ("Fencing-Token", token.to_string()),
+                    ("Fencing-Issuer", issuer_name.to_owned()),
+                ];
+                if let Some(who) = client_id {
+                    h.push(("Client-Id", who));
+                }
+                let reply = if round % 2 == 0 {
+                    mallory.put(PAGE, "forged by mallory", &headers(&h)).await
+                } else {
+                    mallory.get(PAGE, &headers(&h)).await
+                };
+                sent.push(Forgery {
+                    what,
+                    status: reply.status.as_u16(),
+                    json: reply.json,
+                });
+            }
+            sent
+        })
+    };
+
+    let mut acknowledged = Vec::new();
+    for w in workers {
+        acknowledged.extend(w.await.expect("worker"));
+    }
+    done.store(true, Ordering::SeqCst);
+    let forgeries = forger.await.expect("forger");
+
+    // No forgery got through: refused by the issuer check (or, posing as
+    // another client, by authentication).
+    for f in &forgeries {
+        match (f.what, f.status, f.json["error"].as_str()) {
+            ("copied, posing as its holder", 403, Some("client_id_mismatch")) => {}
+            (_, 409, Some("token_not_current")) => {}
+            _ => panic!("{} forgery answered {}: {}", f.what, f.status, f.json),
+        }
+    }
+    let refused_by_issuer = forgeries.iter().filter(|f| f.status == 409).count();
+
+    // Every worker edit landed, none was lost, nothing else is in the page.
+    let page = api.get(PAGE, &[]).await.expect(200);
+    let body = page.json["body"].as_str().unwrap();
+    let mut lines: Vec<_> = body.lines().map(|l| format!("{l}\n")).collect();
+    lines.sort();
+    acknowledged.sort();
+    assert_eq!(
+        lines, acknowledged,
+        "the page is not exactly the acknowledged edits"
+    );
+    assert_eq!(page.json["version"], (2 * EDITS) as i64);
+
+    // The history: the forger's attempts are all token_not_current rows that
+    // left the fence where it was; every accepted token was really granted.
+    let granted = granted.lock().unwrap().clone();
+    let history = api.history(PAGE).await;
+    let by_mallory: Vec<_> = history
+        .iter()
+        .filter(|h| h["client_id"] == "mallory")
+        .collect();
+    assert_eq!(by_mallory.len(), refused_by_issuer);
+    assert!(by_mallory
+        .iter()
+        .all(|h| h["outcome"] == "token_not_current"));
+    for h in history.iter().filter(|h| h["outcome"] == "accepted") {
+        let token = h["token"].as_u64().unwrap();
+        assert!(
+            granted.contains(&token),
+            "accepted a token never granted: {h}"
+        );
+    }
+
+    // The fence never passed the issuer's counter: it is the last grant, and
+    // the issuer's next grant is above it.
+    let fence = page.json["fence"]["token"].as_u64().unwrap();
+    assert_eq!(fence, granted.iter().copied().max().unwrap());
+    assert_eq!(page.json["fence"]["issuer"], issuer.name());
+    let next = acquire(&issuer.locks("worker-3").await).await;
+    assert!(
+        next.token().unwrap().get() > fence,
+        "issuer's counter {next:?} <= fence {fence}"
+    );
+    next.release().await.unwrap();
+    gw.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn redis_forged_guessed_and_copied_tokens_never_write_and_every_worker_edit_lands() {
+    workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(Backend::Redis).await;
+}
+
+#[tokio::test]
+async fn zookeeper_forged_guessed_and_copied_tokens_never_write_and_every_worker_edit_lands() {
+    workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(Backend::ZooKeeper).await;
+}
+
+#[tokio::test]
+async fn lease_postgres_forged_guessed_and_copied_tokens_never_write_and_every_worker_edit_lands() {
+    workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(Backend::LeasePostgres)
+        .await;
+}
+
+#[tokio::test]
+async fn lease_mysql_forged_guessed_and_copied_tokens_never_write_and_every_worker_edit_lands() {
+    workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(Backend::LeaseMysql).await;
+}
