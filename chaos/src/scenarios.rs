@@ -48,10 +48,19 @@ pub enum Scenario {
     /// Scenario 7b: The same jump, but libfaketime moves CLOCK_MONOTONIC too: every
     /// timer and deadline of the worker sees one hour pass at once.
     ClockJumpMonotonic,
+    /// Issue 15: PostgreSQL with an asynchronous standby. A holder freezes at
+    /// `writing`; the replication link is cut; the next holder's writes are
+    /// acknowledged; the primary is SIGKILLed and the standby promoted; the
+    /// frozen holder resumes. See `failover.rs`.
+    PostgresFailoverAsync,
+    /// Issue 15: the same with a synchronous standby (`synchronous_commit = on`).
+    PostgresFailoverSync,
+    /// Issue 15: two gateways behind HAProxy; one is SIGKILLed mid-run.
+    GatewayKill,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::GcPauseWriting,
         Scenario::GcPauseRead,
         Scenario::Crash,
@@ -59,6 +68,10 @@ impl Scenario {
         Scenario::DelayedWrite,
         Scenario::ClockJump,
         Scenario::ClockJumpMonotonic,
+        // Each of these runs on a stack of its own (see failover.rs).
+        Scenario::PostgresFailoverAsync,
+        Scenario::PostgresFailoverSync,
+        Scenario::GatewayKill,
         // The restarts kill the services shared by a backend's scenarios: last.
         Scenario::RedisRestart,
         Scenario::ZookeeperRestart,
@@ -75,6 +88,9 @@ impl Scenario {
             Scenario::DelayedWrite => "delayed-write",
             Scenario::ClockJump => "clock-jump",
             Scenario::ClockJumpMonotonic => "clock-jump-monotonic",
+            Scenario::PostgresFailoverAsync => "postgres-failover-async",
+            Scenario::PostgresFailoverSync => "postgres-failover-sync",
+            Scenario::GatewayKill => "gateway-kill",
         }
     }
 
@@ -82,6 +98,10 @@ impl Scenario {
         match self {
             Scenario::RedisRestart => matches!(backend, Backend::Redis | Backend::Redlock),
             Scenario::ZookeeperRestart => backend == Backend::Zookeeper,
+            // About the storage's fence: a backend without tokens has none.
+            Scenario::PostgresFailoverAsync
+            | Scenario::PostgresFailoverSync
+            | Scenario::GatewayKill => backend.fenced(),
             _ => true,
         }
     }
@@ -127,15 +147,15 @@ pub struct Ctx<'a> {
     pub workers: Vec<WorkerProc>,
 }
 
-const EVENT_WAIT: Duration = Duration::from_secs(40);
+pub(crate) const EVENT_WAIT: Duration = Duration::from_secs(40);
 const EXIT_WAIT: Duration = Duration::from_secs(60);
 
 impl Ctx<'_> {
-    fn spec(&self, client: &str, edits: u64) -> WorkerSpec {
+    pub(crate) fn spec(&self, client: &str, edits: u64) -> WorkerSpec {
         self.spec_via(client, edits, &self.gateway.url(), &HashMap::new())
     }
 
-    fn spec_via(
+    pub(crate) fn spec_via(
         &self,
         client: &str,
         edits: u64,
@@ -163,11 +183,11 @@ impl Ctx<'_> {
 
     /// A worker's client id: its role (one of [`crate::procs::CLIENTS`], so
     /// the gateway has its key). The page is the row's own.
-    fn client(&self, name: &str) -> String {
+    pub(crate) fn client(&self, name: &str) -> String {
         name.to_string()
     }
 
-    fn spawn(&mut self, spec: &WorkerSpec) -> anyhow::Result<usize> {
+    pub(crate) fn spawn(&mut self, spec: &WorkerSpec) -> anyhow::Result<usize> {
         self.workers.push(WorkerProc::spawn(spec, &self.log)?);
         Ok(self.workers.len() - 1)
     }
@@ -181,7 +201,11 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    async fn wait_event(&self, who: &str, kind: &str) -> anyhow::Result<crate::procs::Event> {
+    pub(crate) async fn wait_event(
+        &self,
+        who: &str,
+        kind: &str,
+    ) -> anyhow::Result<crate::procs::Event> {
         let client = self.client(who);
         let k = kind.to_string();
         self.log
@@ -192,7 +216,7 @@ impl Ctx<'_> {
             .map_err(|e| anyhow::anyhow!("{e}\n{}", self.worker_logs()))
     }
 
-    async fn wait_all_exit(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn wait_all_exit(&mut self) -> anyhow::Result<()> {
         let mut errors = vec![];
         for w in &mut self.workers {
             if w.killed_at.is_none() {
@@ -208,7 +232,7 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    fn worker_logs(&self) -> String {
+    pub(crate) fn worker_logs(&self) -> String {
         self.workers
             .iter()
             .map(|w| format!("--- {} stderr ---\n{}", w.client, w.stderr_tail(15)))
@@ -217,7 +241,7 @@ impl Ctx<'_> {
     }
 
     /// What the worker `who` did with its edit after the fault, in words.
-    fn outcome_of(&self, who: &str) -> String {
+    pub(crate) fn outcome_of(&self, who: &str) -> String {
         let client = self.client(who);
         let events = self.log.all();
         let last = events
@@ -248,6 +272,14 @@ pub async fn run(scenario: Scenario, ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow
         Scenario::ZookeeperRestart => zookeeper_restart(ctx, row).await,
         Scenario::PostgresRestart => {
             unreachable!("postgres-restart runs with its own gateway; see runner")
+        }
+        Scenario::PostgresFailoverAsync
+        | Scenario::PostgresFailoverSync
+        | Scenario::GatewayKill => {
+            unreachable!(
+                "{} runs on a stack of its own; see failover.rs",
+                scenario.name()
+            )
         }
         Scenario::DelayedWrite => delayed_write(ctx, row).await,
         Scenario::ClockJump => clock_jump(ctx, row, false).await,
@@ -475,7 +507,7 @@ async fn delayed_write(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<()> {
     Ok(())
 }
 
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+pub(crate) const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 async fn clock_jump(ctx: &mut Ctx<'_>, row: &mut Row, monotonic: bool) -> anyhow::Result<()> {
     if !std::path::Path::new(LIBFAKETIME).exists() {
