@@ -65,10 +65,19 @@ pub enum Scenario {
     /// Issue 14: one Redlock client cannot reach one master of three (a
     /// minority) while two clients edit.
     RedlockPartition,
+    /// Issue 15: PostgreSQL with an asynchronous standby. A holder freezes at
+    /// `writing`; the replication link is cut; the next holder's writes are
+    /// acknowledged; the primary is SIGKILLed and the standby promoted; the
+    /// frozen holder resumes. See `failover.rs`.
+    PostgresFailoverAsync,
+    /// Issue 15: the same with a synchronous standby (`synchronous_commit = on`).
+    PostgresFailoverSync,
+    /// Issue 15: two gateways behind HAProxy; one is SIGKILLed mid-run.
+    GatewayKill,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 14] = [
+    pub const ALL: [Scenario; 17] = [
         Scenario::GcPauseWriting,
         Scenario::GcPauseRead,
         Scenario::Crash,
@@ -76,6 +85,10 @@ impl Scenario {
         Scenario::DelayedWrite,
         Scenario::ClockJump,
         Scenario::ClockJumpMonotonic,
+        // Each of these runs on a stack of its own (see failover.rs).
+        Scenario::PostgresFailoverAsync,
+        Scenario::PostgresFailoverSync,
+        Scenario::GatewayKill,
         // The restarts kill the services shared by a backend's scenarios: last.
         Scenario::RedisRestart,
         Scenario::ZookeeperRestart,
@@ -103,6 +116,9 @@ impl Scenario {
             Scenario::SentinelFailover => "sentinel-failover",
             Scenario::SentinelFailoverWait => "sentinel-failover-wait",
             Scenario::RedlockPartition => "redlock-partition",
+            Scenario::PostgresFailoverAsync => "postgres-failover-async",
+            Scenario::PostgresFailoverSync => "postgres-failover-sync",
+            Scenario::GatewayKill => "gateway-kill",
         }
     }
 
@@ -116,6 +132,12 @@ impl Scenario {
                 backend == Backend::RedisSentinel
             }
             Scenario::RedlockPartition => backend == Backend::Redlock,
+            // About the storage's fence: a backend without tokens has none.
+            // (Issue 15's stacks are about PostgreSQL and the gateways: the
+            // Sentinel group does not run them again.)
+            Scenario::PostgresFailoverAsync
+            | Scenario::PostgresFailoverSync
+            | Scenario::GatewayKill => backend.fenced() && backend != Backend::RedisSentinel,
             // The Sentinel group is the single-instance lock otherwise: it
             // runs the pauses and the crash, not the whole list again.
             Scenario::GcPauseWriting | Scenario::GcPauseRead | Scenario::Crash => true,
@@ -301,6 +323,14 @@ pub async fn run(scenario: Scenario, ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow
         Scenario::ZookeeperRestart => zookeeper_restart(ctx, row).await,
         Scenario::PostgresRestart => {
             unreachable!("postgres-restart runs with its own gateway; see runner")
+        }
+        Scenario::PostgresFailoverAsync
+        | Scenario::PostgresFailoverSync
+        | Scenario::GatewayKill => {
+            unreachable!(
+                "{} runs on a stack of its own; see failover.rs",
+                scenario.name()
+            )
         }
         Scenario::DelayedWrite => delayed_write(ctx, row).await,
         Scenario::ClockJump => clock_jump(ctx, row, false).await,
@@ -536,7 +566,7 @@ async fn delayed_write(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<()> {
     Ok(())
 }
 
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+pub(crate) const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 async fn clock_jump(ctx: &mut Ctx<'_>, row: &mut Row, monotonic: bool) -> anyhow::Result<()> {
     if !std::path::Path::new(LIBFAKETIME).exists() {

@@ -43,7 +43,9 @@ impl FromStr for Secret {
     about = "Page storage over HTTP that rejects stale fencing tokens"
 )]
 pub struct Config {
-    /// PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/pages
+    /// PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/pages; with a
+    /// standby: postgres://postgres@db1:5432,db2:5432/pages?target_session_attrs=read-write
+    /// (requests go to whichever server accepts writes).
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: String,
     /// Address to listen on.

@@ -28,7 +28,8 @@
 //!   [`issuers`]: the lock services asked, connected in the background.
 //! - [`server`]: the accept loop (hyper, header-read timeout, connection cap,
 //!   graceful shutdown).
-//! - [`db`]: the connection pool requests use (one round trip per request).
+//! - [`db`]: the connection pool requests use (one round trip per request),
+//!   and the multi-host `DATABASE_URL` that follows the primary.
 //! - [`store`]: the SQL. `sql/fenced_access.sql` is the one statement that
 //!   carries the safety argument; read its header comment.
 //! - [`http`]: routes, header and body validation, the issuer check
@@ -150,6 +151,17 @@ impl AppState {
             trust: Arc::new(trust),
         }
     }
+
+    /// The same state, with request connections that go wherever
+    /// `database_url` says: with several hosts and
+    /// `target_session_attrs=read-write`, to whichever accepts writes, so
+    /// requests follow a failover to the promoted standby (see [`db`]).
+    pub fn following(mut self, database_url: &str) -> anyhow::Result<Self> {
+        let max = self.pool.options().get_max_connections();
+        self.db = db::Db::from_url(database_url, max)
+            .with_context(|| format!("database URL {}", redact(database_url)))?;
+        Ok(self)
+    }
 }
 
 /// The router with all its layers, ready to serve or to drive in tests.
@@ -175,10 +187,16 @@ pub fn pool_options(max_connections: u32) -> PgPoolOptions {
         .test_before_acquire(false)
 }
 
-/// Connect once (no retry).
+/// Connect once (no retry). With several hosts (see [`db`]), to the one that
+/// accepts writes now.
 pub async fn connect(database_url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    let target = db::Db::from_url(database_url, 1)
+        .with_context(|| format!("database URL {}", redact(database_url)))?
+        .writable_target()
+        .await
+        .with_context(|| format!("connect to {}", redact(database_url)))?;
     pool_options(max_connections)
-        .connect(database_url)
+        .connect_with(target)
         .await
         .with_context(|| format!("connect to {}", redact(database_url)))
 }
@@ -285,7 +303,7 @@ pub async fn spawn_with_options(
     migrate(&db).await?;
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
-    let state = AppState::with_trust(db, options.fencing, trust);
+    let state = AppState::with_trust(db, options.fencing, trust).following(database_url)?;
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(serve_with(listener, state.clone(), options.serve, async {
         let _ = stopped.await;

@@ -42,7 +42,7 @@ async fn main() -> anyhow::Result<()> {
     );
     gateway::serve_with(
         listener,
-        AppState::with_trust(db.clone(), config.fencing, trust),
+        AppState::with_trust(db.clone(), config.fencing, trust).following(&config.database_url)?,
         limits,
         shutdown_signal(),
     )

@@ -80,6 +80,8 @@ impl Stack {
         let port = || crate::free_port().to_string();
         let gateway = crate::free_port();
         let unfenced = crate::free_port();
+        let gateway_1 = crate::free_port();
+        let gateway_2 = crate::free_port();
         let redlock: Vec<String> = (0..5).map(|_| port()).collect();
         let env = vec![
             (
@@ -90,6 +92,11 @@ impl Stack {
             ("STACK_GATEWAY_PORT".into(), gateway.to_string()),
             ("STACK_UNFENCED_PORT".into(), unfenced.to_string()),
             ("STACK_POSTGRES_PORT".into(), port()),
+            // Issue 15: the standby and the two fenced gateways behind the
+            // balancer (STACK_GATEWAY_PORT is the balancer).
+            ("STACK_POSTGRES_STANDBY_PORT".into(), port()),
+            ("STACK_GATEWAY_1_PORT".into(), gateway_1.to_string()),
+            ("STACK_GATEWAY_2_PORT".into(), gateway_2.to_string()),
             ("STACK_REDIS_PORT".into(), port()),
             ("STACK_MARIADB_PORT".into(), port()),
             ("STACK_REDLOCK_PORTS".into(), redlock.join(" ")),
