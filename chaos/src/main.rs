@@ -39,6 +39,10 @@ struct Config {
     /// Also write the rows as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// One ZooKeeper server instead of the three-node ensemble (whose servers
+    /// run in network namespaces; the partition row needs the ensemble).
+    #[arg(long)]
+    zookeeper_standalone: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -61,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
     plan.fencing = config.fencing.map(|f| matches!(f, OnOff::On));
     plan.soak = config.soak;
     plan.soak_rounds = config.soak_rounds;
+    plan.zookeeper_standalone = config.zookeeper_standalone;
     eprintln!("chaos: seed {seed} (replay with --seed {seed})");
     if let Some(minutes) = config.minutes {
         return soak(seed, minutes, &config).await;

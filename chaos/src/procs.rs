@@ -239,6 +239,12 @@ impl WorkerSpec {
         self.args.push((name.to_string(), value.to_string()));
         self
     }
+
+    /// Replace the value of flag `name` (add it if absent).
+    pub fn set(mut self, name: &str, value: impl ToString) -> Self {
+        self.args.retain(|(k, _)| k != name);
+        self.arg(name, value)
+    }
 }
 
 impl WorkerProc {

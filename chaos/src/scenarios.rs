@@ -48,6 +48,23 @@ pub enum Scenario {
     /// Scenario 7b: The same jump, but libfaketime moves CLOCK_MONOTONIC too: every
     /// timer and deadline of the worker sees one hour pass at once.
     ClockJumpMonotonic,
+    /// Issue 14: SIGKILL the ensemble's leader (found with `srvr`) while two
+    /// workers edit; start it again at the end.
+    ZookeeperLeaderKill,
+    /// Issue 14: a worker that can only reach one follower holds the lock;
+    /// that follower is cut off from the other two servers for longer than
+    /// the session timeout while another worker (on the majority) goes on;
+    /// then the partition heals.
+    ZookeeperPartition,
+    /// Issue 14: a worker holds the lock on the master, whose replica's link
+    /// was cut just before the grant; the master freezes, Sentinel promotes
+    /// the replica, a second worker is granted the same lock there.
+    SentinelFailover,
+    /// Issue 14: the same with `WAIT 1` after every grant.
+    SentinelFailoverWait,
+    /// Issue 14: one Redlock client cannot reach one master of three (a
+    /// minority) while two clients edit.
+    RedlockPartition,
     /// Issue 15: PostgreSQL with an asynchronous standby. A holder freezes at
     /// `writing`; the replication link is cut; the next holder's writes are
     /// acknowledged; the primary is SIGKILLed and the standby promoted; the
@@ -60,7 +77,7 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 17] = [
         Scenario::GcPauseWriting,
         Scenario::GcPauseRead,
         Scenario::Crash,
@@ -75,6 +92,12 @@ impl Scenario {
         // The restarts kill the services shared by a backend's scenarios: last.
         Scenario::RedisRestart,
         Scenario::ZookeeperRestart,
+        // Issue 14: the replicated services' failures.
+        Scenario::ZookeeperLeaderKill,
+        Scenario::ZookeeperPartition,
+        Scenario::SentinelFailover,
+        Scenario::SentinelFailoverWait,
+        Scenario::RedlockPartition,
     ];
 
     pub fn name(self) -> &'static str {
@@ -88,6 +111,11 @@ impl Scenario {
             Scenario::DelayedWrite => "delayed-write",
             Scenario::ClockJump => "clock-jump",
             Scenario::ClockJumpMonotonic => "clock-jump-monotonic",
+            Scenario::ZookeeperLeaderKill => "zookeeper-leader-kill",
+            Scenario::ZookeeperPartition => "zookeeper-partition",
+            Scenario::SentinelFailover => "sentinel-failover",
+            Scenario::SentinelFailoverWait => "sentinel-failover-wait",
+            Scenario::RedlockPartition => "redlock-partition",
             Scenario::PostgresFailoverAsync => "postgres-failover-async",
             Scenario::PostgresFailoverSync => "postgres-failover-sync",
             Scenario::GatewayKill => "gateway-kill",
@@ -97,13 +125,36 @@ impl Scenario {
     pub fn applies_to(self, backend: Backend) -> bool {
         match self {
             Scenario::RedisRestart => matches!(backend, Backend::Redis | Backend::Redlock),
-            Scenario::ZookeeperRestart => backend == Backend::Zookeeper,
+            Scenario::ZookeeperRestart
+            | Scenario::ZookeeperLeaderKill
+            | Scenario::ZookeeperPartition => backend == Backend::Zookeeper,
+            Scenario::SentinelFailover | Scenario::SentinelFailoverWait => {
+                backend == Backend::RedisSentinel
+            }
+            Scenario::RedlockPartition => backend == Backend::Redlock,
             // About the storage's fence: a backend without tokens has none.
+            // (Issue 15's stacks are about PostgreSQL and the gateways: the
+            // Sentinel group does not run them again.)
             Scenario::PostgresFailoverAsync
             | Scenario::PostgresFailoverSync
-            | Scenario::GatewayKill => backend.fenced(),
-            _ => true,
+            | Scenario::GatewayKill => backend.fenced() && backend != Backend::RedisSentinel,
+            // The Sentinel group is the single-instance lock otherwise: it
+            // runs the pauses and the crash, not the whole list again.
+            Scenario::GcPauseWriting | Scenario::GcPauseRead | Scenario::Crash => true,
+            _ => backend != Backend::RedisSentinel,
         }
+    }
+
+    /// The rows of issue 14, shown with the fence on and off by default.
+    pub fn is_replication(self) -> bool {
+        matches!(
+            self,
+            Scenario::ZookeeperLeaderKill
+                | Scenario::ZookeeperPartition
+                | Scenario::SentinelFailover
+                | Scenario::SentinelFailoverWait
+                | Scenario::RedlockPartition
+        )
     }
 }
 
@@ -284,6 +335,13 @@ pub async fn run(scenario: Scenario, ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow
         Scenario::DelayedWrite => delayed_write(ctx, row).await,
         Scenario::ClockJump => clock_jump(ctx, row, false).await,
         Scenario::ClockJumpMonotonic => clock_jump(ctx, row, true).await,
+        Scenario::ZookeeperLeaderKill => crate::replication::zookeeper_leader_kill(ctx, row).await,
+        Scenario::ZookeeperPartition => crate::replication::zookeeper_partition(ctx, row).await,
+        Scenario::SentinelFailover => crate::replication::sentinel_failover(ctx, row, false).await,
+        Scenario::SentinelFailoverWait => {
+            crate::replication::sentinel_failover(ctx, row, true).await
+        }
+        Scenario::RedlockPartition => crate::replication::redlock_partition(ctx, row).await,
     }
 }
 
@@ -390,9 +448,10 @@ async fn zookeeper_restart(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<(
         .wait_for("a first `wrote`", EVENT_WAIT, |e| e.kind() == "wrote")
         .await?;
     let zk = ctx.services.zookeeper.as_mut().context("zookeeper")?;
-    zk.kill();
+    // Every server of the service (all three of the ensemble) at once.
+    zk.kill_all();
     tokio::time::sleep(ctx.timing.outage).await;
-    zk.start_again().await;
+    zk.start_all_again().await;
     ctx.wait_all_exit().await?;
     let events = ctx.log.all();
     let lost = events.iter().filter(|e| e.kind() == "lost").count();

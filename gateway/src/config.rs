@@ -79,7 +79,9 @@ pub struct Config {
     /// A lock service whose tokens are checked, `NAME=URL` (repeatable; in the
     /// variable, space-separated). NAME is the Fencing-Issuer value; the URL's
     /// scheme picks the backend: redis://, zookeeper://host:port[,host:port],
-    /// postgres:// or mysql:// (a fencelock lease table). Redlock cannot be one.
+    /// redis-sentinel://host:port[,host:port]/MASTER (the sentinels and the
+    /// master's name), postgres:// or mysql:// (a fencelock lease table).
+    /// Redlock cannot be one.
     #[arg(
         long = "issuer",
         env = "GATEWAY_ISSUERS",

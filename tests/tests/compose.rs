@@ -14,7 +14,7 @@
 //!   differ by design: see scripts/stack; key files are the same files, mounted
 //!   as compose secrets);
 //! - trust: both gateways require keys from demo/api-keys, every worker sends
-//!   its own client's key, the fenced gateway checks tokens with all four lock
+//!   its own client's key, the fenced gateway checks tokens with all five lock
 //!   services (the same ones the workers use) and the unfenced one with none,
 //!   and the gateways are published on 127.0.0.1 only.
 
@@ -43,6 +43,7 @@ const CONNECTION_VARS: &[&str] = &[
     "REDIS_URL",
     "REDLOCK_URLS",
     "ZOOKEEPER_CONNECT",
+    "REDIS_SENTINELS",
     "WORKER_GATEWAY",
     "GATEWAY_LISTEN",
     "GATEWAY_ISSUERS",
@@ -53,7 +54,13 @@ const CONNECTION_VARS: &[&str] = &[
 const FILE_VARS: &[&str] = &["GATEWAY_API_KEYS_FILE", "GATEWAY_ADMIN_KEYS_FILE"];
 
 /// The issuers the fenced gateway must trust: every backend with a token.
-const ISSUERS: [&str; 4] = ["redis", "zookeeper", "lease-postgres", "lease-mysql"];
+const ISSUERS: [&str; 5] = [
+    "redis",
+    "zookeeper",
+    "redis-sentinel",
+    "lease-postgres",
+    "lease-mysql",
+];
 
 fn compose() -> Value {
     let text = std::fs::read_to_string(repo().join("compose.yaml")).expect("read compose.yaml");
@@ -197,7 +204,14 @@ fn every_service_is_pinned_healthchecked_and_waits_for_healthy_dependencies() {
     for name in [
         "postgres",
         "redis",
-        "zookeeper",
+        "zk1",
+        "zk2",
+        "zk3",
+        "redis-master",
+        "redis-replica",
+        "sentinel-1",
+        "sentinel-2",
+        "sentinel-3",
         "mariadb",
         "gateway",
         "gateway-unfenced",
@@ -268,6 +282,7 @@ fn every_variable_compose_passes_is_one_the_binaries_accept_for_every_backend() 
     let mut checked = BTreeSet::new();
     for backend in [
         "redis",
+        "redis-sentinel",
         "zookeeper",
         "lease-postgres",
         "lease-mysql",
@@ -694,6 +709,19 @@ fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_readme_says() 
             issuers["zookeeper"],
             format!("zookeeper://{}", worker["ZOOKEEPER_CONNECT"])
         );
+        // The whole ensemble, and the sentinels with the master's name.
+        assert_eq!(
+            worker["ZOOKEEPER_CONNECT"].split(',').count(),
+            3,
+            "the workers connect to all three ZooKeeper servers"
+        );
+        assert_eq!(
+            issuers["redis-sentinel"],
+            format!(
+                "redis-sentinel://{}/{}",
+                worker["REDIS_SENTINELS"], worker["REDIS_SENTINEL_MASTER"]
+            )
+        );
         assert_eq!(issuers["lease-postgres"], worker["DATABASE_URL"]);
         assert_eq!(issuers["lease-mysql"], worker["MYSQL_URL"]);
     }
@@ -778,6 +806,19 @@ fn compose_and_the_stack_script_define_the_same_services() {
         "in scripts/stack (all_services), not in compose.yaml"
     );
     for name in ["postgres-standby", "gateway-2", "balancer"] {
+        assert!(compose.contains(name), "no {name}");
+    }
+    // Issue 14: the ZooKeeper ensemble and the Sentinel group, in both.
+    for name in [
+        "zk1",
+        "zk2",
+        "zk3",
+        "redis-master",
+        "redis-replica",
+        "sentinel-1",
+        "sentinel-2",
+        "sentinel-3",
+    ] {
         assert!(compose.contains(name), "no {name}");
     }
 }

@@ -105,12 +105,13 @@ impl Stack {
             ("STACK_GATEWAY_1_PORT".into(), gateway_1.to_string()),
             ("STACK_GATEWAY_2_PORT".into(), gateway_2.to_string()),
             ("STACK_REDIS_PORT".into(), port()),
-            ("STACK_ZOOKEEPER_PORT".into(), port()),
             ("STACK_MARIADB_PORT".into(), port()),
             ("STACK_REDLOCK_PORTS".into(), redlock.join(" ")),
             // The README's default backend; never inherit the caller's choice.
             ("BACKEND".into(), "zookeeper".into()),
         ];
+        // The ZooKeeper ensemble and the Sentinel group (issue 14).
+        let env = [env, harness::stack::replicated_ports()].concat();
         let stack = Stack {
             _state: state,
             env,
@@ -366,18 +367,35 @@ fn classify(command: &str) -> Result<Run, String> {
         || inner.starts_with("echo ")
         || inner.starts_with("docker compose exec -T ")
         || inner.starts_with("docker compose restart ")
-        || inner.starts_with("docker compose kill ");
+        // Issue 14's steps: kill a server, freeze one, start it again
+        // (scripts/stack has each), and ask each ZooKeeper server its mode.
+        || inner.starts_with("docker compose kill ")
+        || inner.starts_with("docker compose pause ")
+        || inner.starts_with("docker compose unpause ")
+        || inner.starts_with("docker compose start ")
+        || is_exec_loop(inner);
     if !allowed {
         return Err(format!(
-            "{command}: console blocks run curl, echo, `docker compose exec -T`, `docker \
-             compose restart`, `docker compose kill` and `NAME=$(...)` of those only (use \
-             ```sh for the rest)"
+            "{command}: console blocks run curl, echo, `docker compose exec -T` (alone or in \
+             a `for ...; do ...; done` loop), `docker compose restart|kill|pause|unpause|start` \
+             and `NAME=$(...)` of those only (use ```sh for the rest)"
         ));
     }
     Ok(Run {
         capture,
         command: inner.to_owned(),
     })
+}
+
+/// `for NAME in WORDS; do docker compose exec -T ...; done`: the same
+/// `exec` over several services (which ZooKeeper server leads).
+fn is_exec_loop(command: &str) -> bool {
+    command.starts_with("for ")
+        && command.contains("; do docker compose exec -T ")
+        && command.ends_with("; done")
+        && command.matches("; do ").count() == 1
+        && !command.contains('`')
+        && !command.contains("$(")
 }
 
 /// `...` inside an expected line matches any text.
@@ -460,6 +478,13 @@ fn matcher_follows_the_documented_convention() {
         "needs -T"
     );
     assert!(classify("rm -rf /").is_err());
+    assert!(classify("docker compose kill zk2").is_ok());
+    assert!(classify(
+        "LEADER=$(for zk in zk1 zk2 zk3; do docker compose exec -T $zk zkServer.sh status 2>/dev/null | grep -q leader && echo $zk; done)"
+    )
+    .is_ok());
+    assert!(classify("for x in a; do rm -rf /; done").is_err());
+    assert!(classify("for x in a; do docker compose exec -T $x ls; done; rm -rf /").is_err());
     assert!(classify("X=$(rm -rf /)").is_err());
     assert!(
         classify("lower=$(curl x)").is_err(),
