@@ -45,7 +45,7 @@ pub struct Args {
     /// temp dir with --quick).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Only these backends (repeatable; default: all five).
+    /// Only these backends (repeatable; default: all six).
     #[arg(long, value_enum)]
     backend: Vec<Backend>,
     /// Parts not to measure (repeatable); they are shown as not measured.
@@ -172,6 +172,8 @@ pub struct BackendReport {
     /// The peer library and its figure (uncontended), if the issue names one.
     pub peer: Option<(String, Cell)>,
     pub notes: Vec<String>,
+    /// Measured on the three-node ZooKeeper ensemble (the second ZooKeeper row).
+    pub ensemble: bool,
 }
 
 impl BackendReport {
@@ -184,6 +186,7 @@ impl BackendReport {
             limit: (measure::limit_name(backend).to_string(), Cell::empty()),
             peer: measure::peer_name(backend).map(|p| (p.to_string(), Cell::empty())),
             notes: vec![],
+            ensemble: false,
         }
     }
 
@@ -317,7 +320,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .map(|p| p.1)
             .sum::<usize>() as u64
     };
-    let total = backends.len() as u64 * (1 + settings.repeat as u64 * 5) + chaos_steps;
+    // ZooKeeper is measured twice: standalone, then on the 3-node ensemble.
+    let rows = backends.len() as u64 + u64::from(backends.contains(&Backend::Zookeeper));
+    let total = rows * (1 + settings.repeat as u64 * 5) + chaos_steps;
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -334,10 +339,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let mut reports = vec![];
+    let mut plan: Vec<(Backend, bool)> = vec![];
     for &backend in &backends {
+        plan.push((backend, false));
+        if backend == Backend::Zookeeper {
+            plan.push((backend, true));
+        }
+    }
+    for (backend, ensemble) in plan {
         let mut report = BackendReport::new(backend);
+        report.ensemble = ensemble;
         bar.set_message(format!("{backend}: starting its services ..."));
-        match measure::Services::start(backend).await {
+        let started = if ensemble {
+            measure::Services::start_zookeeper_ensemble().await
+        } else {
+            measure::Services::start(backend).await
+        };
+        match started {
             Err(e) => {
                 let reason = one_line(&format!("services did not start: {e:#}"));
                 report.fail_all(&reason);
@@ -677,6 +695,7 @@ mod tests {
         };
         let plans = chaos_plan(&s, &Backend::ALL);
         let rows: usize = plans.iter().map(|p| p.1).sum();
-        assert_eq!(rows, 5);
+        // The paused writer on every backend, Redis with Sentinel included.
+        assert_eq!(rows, 6);
     }
 }

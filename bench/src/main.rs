@@ -10,12 +10,15 @@
 //! - `zookeeper.rs`: the ZooKeeper lock beside kazoo and raw create/delete.
 //! - `redlock.rs`: Redlock N=3/5 beside the single instance and rslock.
 //! - `tools.rs`: redis-benchmark, pgbench, mariadb-slap and the Python venv peers, shared.
+//! - `scale.rs`: PUT/s with one and two gateway processes on one PostgreSQL,
+//!   direct and behind HAProxy, beside pgbench, with the CPU of each part.
 //! - `compare.rs`: every backend side by side (speed, limits, peers, chaos) into docs/COMPARISON.md.
 
 mod compare;
 mod gateway;
 mod locks;
 mod redlock;
+mod scale;
 mod stats;
 mod tools;
 mod trust;
@@ -43,6 +46,8 @@ enum What {
     Redlock(redlock::Args),
     /// The fair ZooKeeper lock beside kazoo's Lock and raw create/getChildren/delete.
     Zookeeper(zookeeper::Args),
+    /// PUT/s with 1 and 2 gateway processes on one PostgreSQL, direct and behind HAProxy (docs/SCALING.md).
+    Scale(scale::Args),
     /// Every backend side by side: speed, limits, peers and chaos, into COMPARISON.md and an SVG.
     Compare(compare::Args),
 }
@@ -57,5 +62,6 @@ fn main() -> anyhow::Result<()> {
         What::Redlock(args) => runtime.block_on(redlock::run(args)),
         What::Zookeeper(args) => runtime.block_on(zookeeper::run(args)),
         What::Compare(args) => runtime.block_on(compare::run(args)),
+        What::Scale(args) => runtime.block_on(scale::run(args)),
     }
 }

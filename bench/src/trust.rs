@@ -34,6 +34,7 @@ use anyhow::{bail, Context};
 use chaos::Backend;
 use fencelock::lease_table::LeaseTable;
 use fencelock::redis::RedisLock;
+use fencelock::redis_sentinel::RedisSentinelLock;
 use fencelock::zookeeper::ZooKeeperLock;
 use fencelock::{AcquireOptions, Lease, LockService};
 use gateway::{AuthMode, FenceCheck, GatewayOptions, RunningGateway};
@@ -88,6 +89,7 @@ impl Variant {
 enum Service {
     Redis(harness::Redis),
     ZooKeeper(harness::ZooKeeper),
+    Sentinel(harness::SentinelGroup),
     LeasePostgres(String),
     LeaseMysql(String),
 }
@@ -97,6 +99,7 @@ impl Service {
         Ok(match backend {
             Backend::Redis => Service::Redis(harness::Redis::start().await),
             Backend::Zookeeper => Service::ZooKeeper(harness::ZooKeeper::start().await),
+            Backend::RedisSentinel => Service::Sentinel(harness::SentinelGroup::start().await),
             Backend::LeasePostgres => Service::LeasePostgres(harness::fresh_database().await),
             Backend::LeaseMysql => Service::LeaseMysql(harness::fresh_mysql_database().await),
             Backend::Redlock => bail!("Redlock mints no token: it cannot be an issuer"),
@@ -108,6 +111,14 @@ impl Service {
         match self {
             Service::Redis(r) => ("redis", r.url()),
             Service::ZooKeeper(z) => ("zookeeper", format!("zookeeper://{}", z.connect_string())),
+            Service::Sentinel(g) => (
+                "redis-sentinel",
+                format!(
+                    "redis-sentinel://{}/{}",
+                    g.sentinel_addrs().join(","),
+                    g.master_name()
+                ),
+            ),
             Service::LeasePostgres(url) => ("lease-postgres", url.clone()),
             Service::LeaseMysql(url) => ("lease-mysql", url.clone()),
         }
@@ -120,6 +131,11 @@ impl Service {
             }
             Service::ZooKeeper(z) => Arc::new(
                 ZooKeeperLock::connect(&z.connect_string(), Duration::from_secs(30))
+                    .await?
+                    .with_client_id(CLIENT)?,
+            ),
+            Service::Sentinel(g) => Arc::new(
+                RedisSentinelLock::connect(&g.sentinel_addrs(), g.master_name())
                     .await?
                     .with_client_id(CLIENT)?,
             ),

@@ -1,15 +1,22 @@
-//! The five lock backends as real services, and the worker flags that reach them.
+//! The lock backends as real services, and the worker flags that reach them.
+//!
+//! ZooKeeper runs as a three-node ensemble by default, each server on its
+//! own network namespace so that it can be partitioned
+//! ([`harness::ZooKeeperHosts`]; needs root); `--zookeeper-standalone` gives
+//! the single server of the earlier tables. `redis-sentinel` is a master, one
+//! replica and three sentinels ([`harness::SentinelGroup`]).
 
 use std::collections::HashMap;
 use std::fmt;
 
-use harness::{MariaDb, Redis, ZooKeeper};
+use harness::{MariaDb, Redis, SentinelGroup, ZooKeeper, ZooKeeperHosts};
 
 /// A lock backend of the worker (`--backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Backend {
     Redis,
+    RedisSentinel,
     Redlock,
     Zookeeper,
     LeasePostgres,
@@ -17,17 +24,19 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub const ALL: [Backend; 5] = [
+    pub const ALL: [Backend; 6] = [
         Backend::Redis,
         Backend::Redlock,
         Backend::Zookeeper,
         Backend::LeasePostgres,
         Backend::LeaseMysql,
+        Backend::RedisSentinel,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             Backend::Redis => "redis",
+            Backend::RedisSentinel => "redis-sentinel",
             Backend::Redlock => "redlock",
             Backend::Zookeeper => "zookeeper",
             Backend::LeasePostgres => "lease-postgres",
@@ -54,19 +63,84 @@ pub struct Services {
     pub backend: Backend,
     /// One instance for `redis`, three for `redlock`.
     pub redis: Vec<Redis>,
-    pub zookeeper: Option<ZooKeeper>,
+    pub zookeeper: Option<Zk>,
+    pub sentinel: Option<SentinelGroup>,
     /// Keeps the private MariaDB alive when one was started (unused today:
     /// the shared one from `harness::fresh_mysql_database` is used).
     pub mariadb: Option<MariaDb>,
     lease_url: Option<String>,
 }
 
+/// The ZooKeeper service of a run.
+pub enum Zk {
+    /// One server (`--zookeeper-standalone`).
+    Standalone(ZooKeeper),
+    /// Three servers on three network namespaces (the default).
+    Ensemble(ZooKeeperHosts),
+}
+
+impl Zk {
+    pub fn connect_string(&self) -> String {
+        match self {
+            Zk::Standalone(z) => z.connect_string(),
+            Zk::Ensemble(e) => e.connect_string(),
+        }
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        match self {
+            Zk::Standalone(z) => vec![z.port()],
+            Zk::Ensemble(e) => e.ports(),
+        }
+    }
+
+    /// Kill every server (the whole service down).
+    pub fn kill_all(&mut self) {
+        match self {
+            Zk::Standalone(z) => z.kill(),
+            Zk::Ensemble(e) => (0..e.len()).for_each(|i| e.kill(i)),
+        }
+    }
+
+    /// Start every server again and wait until the service serves.
+    pub async fn start_all_again(&mut self) {
+        match self {
+            Zk::Standalone(z) => z.start_again().await,
+            Zk::Ensemble(e) => {
+                for i in 0..e.len() {
+                    e.process(i).start().expect("restart zookeeper server");
+                }
+                e.wait_serving(std::time::Duration::from_secs(60)).await;
+            }
+        }
+    }
+
+    /// The ensemble, for the rows that need one.
+    pub fn ensemble(&mut self) -> anyhow::Result<&mut ZooKeeperHosts> {
+        match self {
+            Zk::Ensemble(e) => Ok(e),
+            Zk::Standalone(_) => {
+                anyhow::bail!(
+                    "this row needs the three-node ensemble (run without --zookeeper-standalone)"
+                )
+            }
+        }
+    }
+}
+
 impl Services {
+    /// The services of `backend`; ZooKeeper as the three-node ensemble.
     pub async fn start(backend: Backend) -> Self {
+        Self::start_with(backend, false).await
+    }
+
+    /// `zookeeper_standalone`: one ZooKeeper server instead of the ensemble.
+    pub async fn start_with(backend: Backend, zookeeper_standalone: bool) -> Self {
         let mut me = Self {
             backend,
             redis: vec![],
             zookeeper: None,
+            sentinel: None,
             mariadb: None,
             lease_url: None,
         };
@@ -77,7 +151,11 @@ impl Services {
                     me.redis.push(Redis::start().await);
                 }
             }
-            Backend::Zookeeper => me.zookeeper = Some(ZooKeeper::start().await),
+            Backend::RedisSentinel => me.sentinel = Some(SentinelGroup::start().await),
+            Backend::Zookeeper if zookeeper_standalone => {
+                me.zookeeper = Some(Zk::Standalone(ZooKeeper::start().await))
+            }
+            Backend::Zookeeper => me.zookeeper = Some(Zk::Ensemble(ZooKeeperHosts::start().await)),
             Backend::LeasePostgres => me.lease_url = Some(harness::fresh_database().await),
             Backend::LeaseMysql => me.lease_url = Some(harness::fresh_mysql_database().await),
         }
@@ -88,7 +166,10 @@ impl Services {
     pub fn ports(&self) -> Vec<u16> {
         match self.backend {
             Backend::Redis | Backend::Redlock => self.redis.iter().map(Redis::port).collect(),
-            Backend::Zookeeper => self.zookeeper.iter().map(ZooKeeper::port).collect(),
+            Backend::Zookeeper => self.zookeeper.iter().flat_map(Zk::ports).collect(),
+            // The workers reach the master through the sentinels' answers:
+            // a proxy in front of the sentinels would not delay the lock.
+            Backend::RedisSentinel => vec![],
             Backend::LeasePostgres | Backend::LeaseMysql => self
                 .lease_url
                 .as_deref()
@@ -110,6 +191,17 @@ impl Services {
                 Some((
                     "zookeeper".into(),
                     format!("zookeeper://{}", zk.connect_string()),
+                ))
+            }
+            Backend::RedisSentinel => {
+                let group = self.sentinel.as_ref().expect("sentinel group started");
+                Some((
+                    "redis-sentinel".into(),
+                    format!(
+                        "redis-sentinel://{}/{}",
+                        group.sentinel_addrs().join(","),
+                        group.master_name()
+                    ),
                 ))
             }
             Backend::LeasePostgres => Some((
@@ -142,9 +234,18 @@ impl Services {
             }
             Backend::Zookeeper => {
                 let zk = self.zookeeper.as_ref().expect("zookeeper started");
+                let mut connect = zk.connect_string();
+                for port in zk.ports() {
+                    connect = map(connect, port);
+                }
+                args.push(("--zookeeper-connect".into(), connect));
+            }
+            Backend::RedisSentinel => {
+                let group = self.sentinel.as_ref().expect("sentinel group started");
+                args.push(("--redis-sentinels".into(), group.sentinel_addrs().join(",")));
                 args.push((
-                    "--zookeeper-connect".into(),
-                    map(zk.connect_string(), zk.port()),
+                    "--redis-sentinel-master".into(),
+                    group.master_name().to_string(),
                 ));
             }
             Backend::LeasePostgres | Backend::LeaseMysql => {

@@ -12,14 +12,26 @@
 //!   worker's JSONL events.
 //! - [`backends`]: the lock services each backend needs, and its worker flags.
 //! - [`scenarios`]: the faults, each a script that waits on events.
+//! - [`replication`]: the faults of replicated lock services (issue 14):
+//!   ZooKeeper leader kill and partition, Sentinel failover, Redlock partition.
+//! - [`failover`]: issue 15's rows on stacks of their own (PostgreSQL failover
+//!   with an async or sync standby, a gateway killed behind HAProxy).
+//! - [`history`]: a page's complete history from the database, and stale-write
+//!   arithmetic across a failover.
+//! - [`soak`]: `--soak --minutes N`: every fenced backend at once under random
+//!   faults, and the checker over the complete history.
 //! - [`report`]: the row, how each number is computed from the evidence, the table.
 //! - this file: the plan (which rows), the runner, and the assertions of issue 7.
 
 pub mod backends;
+pub mod failover;
+pub mod history;
 pub mod procs;
 pub mod proxy;
+pub mod replication;
 pub mod report;
 pub mod scenarios;
+pub mod soak;
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Instant;
@@ -49,6 +61,8 @@ pub struct Plan {
     pub soak: bool,
     /// Rounds in soak mode.
     pub soak_rounds: u32,
+    /// One ZooKeeper server instead of the three-node ensemble.
+    pub zookeeper_standalone: bool,
 }
 
 impl Plan {
@@ -60,6 +74,7 @@ impl Plan {
             seed,
             soak: false,
             soak_rounds: 5,
+            zookeeper_standalone: false,
         }
     }
 
@@ -104,7 +119,9 @@ impl Plan {
                 None if !backend.fenced() => vec![false],
                 // The default run shows the fence off only where it demonstrates
                 // something: the paused and the delayed writer.
-                None if matches!(s, Scenario::GcPauseWriting | Scenario::DelayedWrite) => {
+                None if matches!(s, Scenario::GcPauseWriting | Scenario::DelayedWrite)
+                    || s.is_replication() =>
+                {
                     vec![true, false]
                 }
                 None => vec![true],
@@ -140,7 +157,7 @@ pub async fn run(plan: &Plan) -> Vec<Row> {
         if wanted.is_empty() {
             continue;
         }
-        let mut services = Services::start(backend).await;
+        let mut services = Services::start_with(backend, plan.zookeeper_standalone).await;
         let mut gateways: Vec<(bool, GatewayProc)> = vec![];
         for round in 0..rounds {
             for &(scenario, fencing) in &wanted {
@@ -199,6 +216,10 @@ async fn run_row(
         plan.seed & 0xffff
     );
     let log = EventLog::default();
+
+    if failover::owns_its_stack(scenario) {
+        return failover::run(scenario, services, fencing, timing, page, row).await;
+    }
 
     if scenario == Scenario::PostgresRestart {
         // Its own PostgreSQL and gateway: this one gets killed.
@@ -262,7 +283,23 @@ pub fn violations(rows: &[Row]) -> Vec<String> {
             continue;
         }
         let fenced = r.backend != Backend::Redlock.name();
-        if r.fencing && fenced {
+        let sentinel_loss = r.scenario == Scenario::SentinelFailover.name();
+        if sentinel_loss {
+            // Issue 14: the promoted replica re-mints the lost grant's token;
+            // the fence cannot order equal tokens (the issuer check, which
+            // asks the promoted master, refuses the old holder). The row must
+            // show it: the second holder, counted and explained.
+            if r.double_holders == 0 {
+                out.push(format!("{id}: no second holder: the failover did not hit"));
+            }
+            if !r.notes.iter().any(|n| n.starts_with("second holder:")) {
+                out.push(format!("{id}: the second holder is not explained"));
+            }
+        }
+        // An asynchronous standby may lose acknowledged edits and let a stale
+        // write in after a failover: that row reports what happened.
+        let measured_only = r.scenario == Scenario::PostgresFailoverAsync.name();
+        if r.fencing && fenced && !measured_only {
             if r.lost_updates != 0 {
                 out.push(format!("{id}: {} lost update(s)", r.lost_updates));
             }
@@ -288,6 +325,22 @@ pub fn violations(rows: &[Row]) -> Vec<String> {
         if !r.fencing && r.scenario == Scenario::GcPauseWriting.name() && r.lost_updates == 0 {
             out.push(format!(
                 "{id}: expected at least one lost update with the fence off"
+            ));
+        }
+        if r.scenario == Scenario::RedlockPartition.name()
+            && (r.double_holders != 0 || r.lost_updates != 0)
+        {
+            out.push(format!(
+                "{id}: a partition from a minority of masters must change nothing \
+                 ({} two holders, {} lost)",
+                r.double_holders, r.lost_updates
+            ));
+        }
+        if r.scenario == Scenario::SentinelFailoverWait.name()
+            && !r.notes.iter().any(|n| n.contains("refused (and released)"))
+        {
+            out.push(format!(
+                "{id}: WAIT refused no grant: the fault did not hit"
             ));
         }
         if r.backend == Backend::Redlock.name()

@@ -239,6 +239,12 @@ impl WorkerSpec {
         self.args.push((name.to_string(), value.to_string()));
         self
     }
+
+    /// Replace the value of flag `name` (add it if absent).
+    pub fn set(mut self, name: &str, value: impl ToString) -> Self {
+        self.args.retain(|(k, _)| k != name);
+        self.arg(name, value)
+    }
 }
 
 impl WorkerProc {
@@ -387,6 +393,32 @@ impl GatewayProc {
         fencing: bool,
         issuer: Option<&(String, String)>,
     ) -> anyhow::Result<Self> {
+        Self::spawn_on(database_url, fencing, issuer, harness::free_port()).await
+    }
+
+    /// [`GatewayProc::spawn`] on a chosen port (a balancer's configuration
+    /// names it; a gateway started again after a kill takes it back).
+    pub async fn spawn_on(
+        database_url: &str,
+        fencing: bool,
+        issuer: Option<&(String, String)>,
+        port: u16,
+    ) -> anyhow::Result<Self> {
+        let clients: Vec<String> = CLIENTS.iter().map(|c| c.to_string()).collect();
+        let issuers: Vec<(String, String)> = issuer.into_iter().cloned().collect();
+        Self::spawn_for(database_url, fencing, &issuers, &clients, port).await
+    }
+
+    /// A gateway on `port` that knows the keys of `clients` (see [`api_key`])
+    /// and, with its fence on, checks tokens with every one of `issuers`
+    /// (`Fencing-Issuer` name, URL).
+    pub async fn spawn_for(
+        database_url: &str,
+        fencing: bool,
+        issuers: &[(String, String)],
+        clients: &[String],
+        port: u16,
+    ) -> anyhow::Result<Self> {
         let log = tempfile::Builder::new()
             .prefix("chaos-gateway-")
             .suffix(".log")
@@ -394,12 +426,11 @@ impl GatewayProc {
         let keys = tempfile::Builder::new()
             .prefix("chaos-api-keys-")
             .tempfile()?;
-        let lines: Vec<String> = CLIENTS
+        let lines: Vec<String> = clients
             .iter()
             .map(|c| format!("{c}={}", api_key(c)))
             .collect();
         std::fs::write(keys.path(), lines.join("\n") + "\n")?;
-        let port = harness::free_port();
         let mut cmd = Command::new(binary("gateway")?);
         cmd.arg("--database-url")
             .arg(database_url)
@@ -411,8 +442,10 @@ impl GatewayProc {
             .arg("required")
             .arg("--api-keys-file")
             .arg(keys.path());
-        if let (true, Some((name, url))) = (fencing, issuer) {
-            cmd.arg("--issuer").arg(format!("{name}={url}"));
+        if fencing {
+            for (name, url) in issuers {
+                cmd.arg("--issuer").arg(format!("{name}={url}"));
+            }
         }
         let child = cmd
             .env("RUST_LOG", "gateway=info")

@@ -48,10 +48,36 @@ pub enum Scenario {
     /// Scenario 7b: The same jump, but libfaketime moves CLOCK_MONOTONIC too: every
     /// timer and deadline of the worker sees one hour pass at once.
     ClockJumpMonotonic,
+    /// Issue 14: SIGKILL the ensemble's leader (found with `srvr`) while two
+    /// workers edit; start it again at the end.
+    ZookeeperLeaderKill,
+    /// Issue 14: a worker that can only reach one follower holds the lock;
+    /// that follower is cut off from the other two servers for longer than
+    /// the session timeout while another worker (on the majority) goes on;
+    /// then the partition heals.
+    ZookeeperPartition,
+    /// Issue 14: a worker holds the lock on the master, whose replica's link
+    /// was cut just before the grant; the master freezes, Sentinel promotes
+    /// the replica, a second worker is granted the same lock there.
+    SentinelFailover,
+    /// Issue 14: the same with `WAIT 1` after every grant.
+    SentinelFailoverWait,
+    /// Issue 14: one Redlock client cannot reach one master of three (a
+    /// minority) while two clients edit.
+    RedlockPartition,
+    /// Issue 15: PostgreSQL with an asynchronous standby. A holder freezes at
+    /// `writing`; the replication link is cut; the next holder's writes are
+    /// acknowledged; the primary is SIGKILLed and the standby promoted; the
+    /// frozen holder resumes. See `failover.rs`.
+    PostgresFailoverAsync,
+    /// Issue 15: the same with a synchronous standby (`synchronous_commit = on`).
+    PostgresFailoverSync,
+    /// Issue 15: two gateways behind HAProxy; one is SIGKILLed mid-run.
+    GatewayKill,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 17] = [
         Scenario::GcPauseWriting,
         Scenario::GcPauseRead,
         Scenario::Crash,
@@ -59,9 +85,19 @@ impl Scenario {
         Scenario::DelayedWrite,
         Scenario::ClockJump,
         Scenario::ClockJumpMonotonic,
+        // Each of these runs on a stack of its own (see failover.rs).
+        Scenario::PostgresFailoverAsync,
+        Scenario::PostgresFailoverSync,
+        Scenario::GatewayKill,
         // The restarts kill the services shared by a backend's scenarios: last.
         Scenario::RedisRestart,
         Scenario::ZookeeperRestart,
+        // Issue 14: the replicated services' failures.
+        Scenario::ZookeeperLeaderKill,
+        Scenario::ZookeeperPartition,
+        Scenario::SentinelFailover,
+        Scenario::SentinelFailoverWait,
+        Scenario::RedlockPartition,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,15 +111,50 @@ impl Scenario {
             Scenario::DelayedWrite => "delayed-write",
             Scenario::ClockJump => "clock-jump",
             Scenario::ClockJumpMonotonic => "clock-jump-monotonic",
+            Scenario::ZookeeperLeaderKill => "zookeeper-leader-kill",
+            Scenario::ZookeeperPartition => "zookeeper-partition",
+            Scenario::SentinelFailover => "sentinel-failover",
+            Scenario::SentinelFailoverWait => "sentinel-failover-wait",
+            Scenario::RedlockPartition => "redlock-partition",
+            Scenario::PostgresFailoverAsync => "postgres-failover-async",
+            Scenario::PostgresFailoverSync => "postgres-failover-sync",
+            Scenario::GatewayKill => "gateway-kill",
         }
     }
 
     pub fn applies_to(self, backend: Backend) -> bool {
         match self {
             Scenario::RedisRestart => matches!(backend, Backend::Redis | Backend::Redlock),
-            Scenario::ZookeeperRestart => backend == Backend::Zookeeper,
-            _ => true,
+            Scenario::ZookeeperRestart
+            | Scenario::ZookeeperLeaderKill
+            | Scenario::ZookeeperPartition => backend == Backend::Zookeeper,
+            Scenario::SentinelFailover | Scenario::SentinelFailoverWait => {
+                backend == Backend::RedisSentinel
+            }
+            Scenario::RedlockPartition => backend == Backend::Redlock,
+            // About the storage's fence: a backend without tokens has none.
+            // (Issue 15's stacks are about PostgreSQL and the gateways: the
+            // Sentinel group does not run them again.)
+            Scenario::PostgresFailoverAsync
+            | Scenario::PostgresFailoverSync
+            | Scenario::GatewayKill => backend.fenced() && backend != Backend::RedisSentinel,
+            // The Sentinel group is the single-instance lock otherwise: it
+            // runs the pauses and the crash, not the whole list again.
+            Scenario::GcPauseWriting | Scenario::GcPauseRead | Scenario::Crash => true,
+            _ => backend != Backend::RedisSentinel,
         }
+    }
+
+    /// The rows of issue 14, shown with the fence on and off by default.
+    pub fn is_replication(self) -> bool {
+        matches!(
+            self,
+            Scenario::ZookeeperLeaderKill
+                | Scenario::ZookeeperPartition
+                | Scenario::SentinelFailover
+                | Scenario::SentinelFailoverWait
+                | Scenario::RedlockPartition
+        )
     }
 }
 
@@ -127,15 +198,15 @@ pub struct Ctx<'a> {
     pub workers: Vec<WorkerProc>,
 }
 
-const EVENT_WAIT: Duration = Duration::from_secs(40);
+pub(crate) const EVENT_WAIT: Duration = Duration::from_secs(40);
 const EXIT_WAIT: Duration = Duration::from_secs(60);
 
 impl Ctx<'_> {
-    fn spec(&self, client: &str, edits: u64) -> WorkerSpec {
+    pub(crate) fn spec(&self, client: &str, edits: u64) -> WorkerSpec {
         self.spec_via(client, edits, &self.gateway.url(), &HashMap::new())
     }
 
-    fn spec_via(
+    pub(crate) fn spec_via(
         &self,
         client: &str,
         edits: u64,
@@ -163,11 +234,11 @@ impl Ctx<'_> {
 
     /// A worker's client id: its role (one of [`crate::procs::CLIENTS`], so
     /// the gateway has its key). The page is the row's own.
-    fn client(&self, name: &str) -> String {
+    pub(crate) fn client(&self, name: &str) -> String {
         name.to_string()
     }
 
-    fn spawn(&mut self, spec: &WorkerSpec) -> anyhow::Result<usize> {
+    pub(crate) fn spawn(&mut self, spec: &WorkerSpec) -> anyhow::Result<usize> {
         self.workers.push(WorkerProc::spawn(spec, &self.log)?);
         Ok(self.workers.len() - 1)
     }
@@ -181,7 +252,11 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    async fn wait_event(&self, who: &str, kind: &str) -> anyhow::Result<crate::procs::Event> {
+    pub(crate) async fn wait_event(
+        &self,
+        who: &str,
+        kind: &str,
+    ) -> anyhow::Result<crate::procs::Event> {
         let client = self.client(who);
         let k = kind.to_string();
         self.log
@@ -192,7 +267,7 @@ impl Ctx<'_> {
             .map_err(|e| anyhow::anyhow!("{e}\n{}", self.worker_logs()))
     }
 
-    async fn wait_all_exit(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn wait_all_exit(&mut self) -> anyhow::Result<()> {
         let mut errors = vec![];
         for w in &mut self.workers {
             if w.killed_at.is_none() {
@@ -208,7 +283,7 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    fn worker_logs(&self) -> String {
+    pub(crate) fn worker_logs(&self) -> String {
         self.workers
             .iter()
             .map(|w| format!("--- {} stderr ---\n{}", w.client, w.stderr_tail(15)))
@@ -217,7 +292,7 @@ impl Ctx<'_> {
     }
 
     /// What the worker `who` did with its edit after the fault, in words.
-    fn outcome_of(&self, who: &str) -> String {
+    pub(crate) fn outcome_of(&self, who: &str) -> String {
         let client = self.client(who);
         let events = self.log.all();
         let last = events
@@ -249,9 +324,24 @@ pub async fn run(scenario: Scenario, ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow
         Scenario::PostgresRestart => {
             unreachable!("postgres-restart runs with its own gateway; see runner")
         }
+        Scenario::PostgresFailoverAsync
+        | Scenario::PostgresFailoverSync
+        | Scenario::GatewayKill => {
+            unreachable!(
+                "{} runs on a stack of its own; see failover.rs",
+                scenario.name()
+            )
+        }
         Scenario::DelayedWrite => delayed_write(ctx, row).await,
         Scenario::ClockJump => clock_jump(ctx, row, false).await,
         Scenario::ClockJumpMonotonic => clock_jump(ctx, row, true).await,
+        Scenario::ZookeeperLeaderKill => crate::replication::zookeeper_leader_kill(ctx, row).await,
+        Scenario::ZookeeperPartition => crate::replication::zookeeper_partition(ctx, row).await,
+        Scenario::SentinelFailover => crate::replication::sentinel_failover(ctx, row, false).await,
+        Scenario::SentinelFailoverWait => {
+            crate::replication::sentinel_failover(ctx, row, true).await
+        }
+        Scenario::RedlockPartition => crate::replication::redlock_partition(ctx, row).await,
     }
 }
 
@@ -358,9 +448,10 @@ async fn zookeeper_restart(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<(
         .wait_for("a first `wrote`", EVENT_WAIT, |e| e.kind() == "wrote")
         .await?;
     let zk = ctx.services.zookeeper.as_mut().context("zookeeper")?;
-    zk.kill();
+    // Every server of the service (all three of the ensemble) at once.
+    zk.kill_all();
     tokio::time::sleep(ctx.timing.outage).await;
-    zk.start_again().await;
+    zk.start_all_again().await;
     ctx.wait_all_exit().await?;
     let events = ctx.log.all();
     let lost = events.iter().filter(|e| e.kind() == "lost").count();
@@ -475,7 +566,7 @@ async fn delayed_write(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<()> {
     Ok(())
 }
 
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+pub(crate) const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 async fn clock_jump(ctx: &mut Ctx<'_>, row: &mut Row, monotonic: bool) -> anyhow::Result<()> {
     if !std::path::Path::new(LIBFAKETIME).exists() {

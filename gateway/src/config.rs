@@ -45,7 +45,9 @@ impl FromStr for Secret {
     about = "Page storage over HTTP that rejects stale fencing tokens"
 )]
 pub struct Config {
-    /// PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/pages
+    /// PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/pages; with a
+    /// standby: postgres://postgres@db1:5432,db2:5432/pages?target_session_attrs=read-write
+    /// (requests go to whichever server accepts writes).
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: String,
     /// Address to listen on.
@@ -79,7 +81,9 @@ pub struct Config {
     /// A lock service whose tokens are checked, `NAME=URL` (repeatable; in the
     /// variable, space-separated). NAME is the Fencing-Issuer value; the URL's
     /// scheme picks the backend: redis://, zookeeper://host:port[,host:port],
-    /// postgres:// or mysql:// (a fencelock lease table). Redlock cannot be one.
+    /// redis-sentinel://host:port[,host:port]/MASTER (the sentinels and the
+    /// master's name), postgres:// or mysql:// (a fencelock lease table).
+    /// Redlock cannot be one.
     #[arg(
         long = "issuer",
         env = "GATEWAY_ISSUERS",

@@ -27,14 +27,35 @@
 //!   never reused. After a PostgreSQL restart, idle connections older than
 //!   the idle check are replaced before use; younger ones fail one request
 //!   each (503) and are replaced.
+//!
+//! # Several servers: following the primary
+//! `DATABASE_URL` may name several servers the way libpq does,
+//! `postgres://user@host1:5432,host2:5432/pages?target_session_attrs=read-write`
+//! (sqlx 0.8, which runs the migrations, does not parse that form, so
+//! [`parse_url`] does). A new connection then tries the servers in turn,
+//! starting with the one that last worked, and keeps the first whose
+//! `transaction_read_only` is `off` (tokio-postgres asks it, as libpq does):
+//! the primary. After a failover the old primary's connections fail one
+//! request each (503) or their liveness check, and are dropped; their
+//! replacements land on the promoted standby. While no server accepts writes
+//! (the primary is gone and nothing is promoted yet) every request that needs
+//! a new connection is a 503, and so is `/readyz`, so a balancer stops sending
+//! traffic here. A statement refused because the server is read-only
+//! (SQLSTATE 25006: a single-host URL that points at a standby) is a 503 too,
+//! and drops its connection.
 
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sqlx::postgres::PgConnectOptions;
+
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_postgres::{Client, Connection, NoTls, Row, Socket, Statement};
 
 /// Why a database call failed: [`DbError::Unavailable`] is answered 503 (retry
 /// later), [`DbError::Failed`] 500 (a bug: an SQL error, a protocol error, a
@@ -42,8 +63,10 @@ use tokio_postgres::{Client, NoTls, Row, Statement};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DbError {
     /// PostgreSQL cannot be reached or is going away: no connection in time,
-    /// connection refused or broken, SQLSTATE class 08 (connection), 53
-    /// (insufficient resources) or 57 (operator intervention: shutdown).
+    /// connection refused or broken, no server that accepts writes (with
+    /// `target_session_attrs=read-write`), SQLSTATE class 08 (connection), 53
+    /// (insufficient resources) or 57 (operator intervention: shutdown), or
+    /// 25006 (read-only transaction: the server is a standby, not the primary).
     #[error("database unavailable: {0}")]
     Unavailable(String),
     /// Anything else: the statement or the conversation with the server is wrong.
@@ -63,6 +86,12 @@ impl DbError {
     fn of(e: &tokio_postgres::Error) -> Self {
         if let Some(db) = e.as_db_error() {
             let code = db.code().code();
+            if code == "25006" {
+                return DbError::Unavailable(format!(
+                    "the database server is read-only (a standby, not the primary): {} ({code})",
+                    db.message()
+                ));
+            }
             return if ["08", "53", "57"].iter().any(|c| code.starts_with(c)) {
                 DbError::Unavailable(format!("{} ({code})", db.message()))
             } else {
@@ -138,10 +167,27 @@ pub struct Db {
 }
 
 struct Inner {
-    config: tokio_postgres::Config,
+    /// One entry per server of the URL, in its order.
+    targets: Vec<Target>,
+    /// `target_session_attrs=read-write`: only a server that accepts writes will do.
+    read_write: bool,
+    /// The target that gave the last good connection: tried first.
+    preferred: AtomicUsize,
     options: PoolOptions,
     idle: Mutex<Vec<Idle>>,
     permits: Arc<Semaphore>,
+}
+
+/// One server to connect to.
+struct Target {
+    /// `host:port`, for logs and errors.
+    name: String,
+    /// Everything tokio-postgres needs, with the pool's socket options and,
+    /// with `read-write`, the check that the server accepts writes.
+    config: tokio_postgres::Config,
+    /// This server's own URL (the multi-host URL cut down to it), for
+    /// [`Db::writable_target`]; `None` for a libpq `key=value` string.
+    url: Option<String>,
 }
 
 struct Idle {
@@ -165,30 +211,80 @@ impl std::fmt::Debug for Db {
 }
 
 impl Db {
-    /// A pool for `database_url` (`postgres://user:password@host:port/db`, or
-    /// libpq's `key=value` form). Connects lazily: nothing is opened here.
+    /// A pool for `database_url` (`postgres://user:password@host:port/db`,
+    /// several `host:port` separated by commas to follow the primary (see the
+    /// module docs), or libpq's `key=value` form). Connects lazily: nothing is
+    /// opened here.
     pub fn new(database_url: &str, options: PoolOptions) -> Result<Self, DbError> {
-        let mut config: tokio_postgres::Config = database_url
-            .parse()
-            .map_err(|e| DbError::Failed(format!("database URL: {e}")))?;
-        config
-            .connect_timeout(options.connect_timeout)
-            .keepalives(true)
-            .keepalives_idle(options.keepalive_idle)
-            .keepalives_interval(options.keepalive_interval)
-            .keepalives_retries(options.keepalive_retries)
-            .tcp_user_timeout(options.tcp_user_timeout);
-        if config.get_application_name().is_none() {
-            config.application_name("gateway");
-        }
+        let bad = |e: String| DbError::Failed(format!("database URL: {e}"));
+        let (targets, read_write) = if database_url.contains("://") {
+            let (urls, read_write) = split_url(database_url).map_err(bad)?;
+            let targets = urls
+                .into_iter()
+                .map(|url| {
+                    let mut config: tokio_postgres::Config =
+                        url.parse().map_err(|e| bad(format!("{e}")))?;
+                    if read_write {
+                        config.target_session_attrs(TargetSessionAttrs::ReadWrite);
+                    }
+                    Ok(Target::new(config, Some(url), options))
+                })
+                .collect::<Result<Vec<_>, DbError>>()?;
+            (targets, read_write)
+        } else {
+            // libpq's key=value form: one target; with several hosts,
+            // tokio-postgres tries them in order itself.
+            let config: tokio_postgres::Config =
+                database_url.parse().map_err(|e| bad(format!("{e}")))?;
+            let read_write = config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite;
+            (vec![Target::new(config, None, options)], read_write)
+        };
         Ok(Self {
             inner: Arc::new(Inner {
-                config,
+                targets,
+                read_write,
+                preferred: AtomicUsize::new(0),
                 options,
                 idle: Mutex::new(Vec::new()),
                 permits: Arc::new(Semaphore::new(options.max_connections.max(1) as usize)),
             }),
         })
+    }
+
+    /// [`Db::new`] with `max_connections` and the default checks.
+    pub fn from_url(database_url: &str, max_connections: u32) -> Result<Self, DbError> {
+        Self::new(
+            database_url,
+            PoolOptions {
+                max_connections,
+                ..PoolOptions::default()
+            },
+        )
+    }
+
+    /// sqlx's connect options (for the migration connection, see
+    /// [`crate::connect`]) of a server that takes our connections now: with
+    /// `read-write`, the primary, after trying the servers like a new
+    /// connection does.
+    pub async fn writable_target(&self) -> Result<PgConnectOptions, DbError> {
+        let i = if self.inner.targets.len() == 1 && !self.inner.read_write {
+            0
+        } else {
+            let limit = self.inner.options.acquire_timeout;
+            let (client, connection, i) = tokio::time::timeout(limit, self.inner.open())
+                .await
+                .map_err(|_| {
+                DbError::Unavailable(format!("no database server answered within {limit:?}"))
+            })??;
+            // Dropping the client ends the connection task with a Terminate.
+            tokio::spawn(connection);
+            drop(client);
+            i
+        };
+        let url = self.inner.targets[i].url.as_deref().ok_or_else(|| {
+            DbError::Failed("the migrations need a postgres:// URL, not key=value".into())
+        })?;
+        PgConnectOptions::from_str(url).map_err(|e| DbError::Failed(format!("database URL: {e}")))
     }
 
     pub fn options(&self) -> &PoolOptions {
@@ -234,13 +330,7 @@ impl Db {
             }
             return Ok(self.checked_out(conn, permit));
         }
-        // tokio-postgres's own connect timeout covers the TCP connect only;
-        // this one also covers the startup and authentication exchange.
-        let limit = options.connect_timeout;
-        let (client, connection) = tokio::time::timeout(limit, self.inner.config.connect(NoTls))
-            .await
-            .map_err(|_| DbError::Unavailable(format!("connecting took longer than {limit:?}")))?
-            .map_err(|e| DbError::of(&e))?;
+        let (client, connection, _) = self.inner.open().await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!("database connection ended: {e}");
@@ -273,6 +363,153 @@ impl Db {
     pub fn idle_connections(&self) -> usize {
         self.inner.idle.lock().expect("idle list").len()
     }
+}
+
+impl Target {
+    fn new(mut config: tokio_postgres::Config, url: Option<String>, options: PoolOptions) -> Self {
+        config
+            .connect_timeout(options.connect_timeout)
+            .keepalives(true)
+            .keepalives_idle(options.keepalive_idle)
+            .keepalives_interval(options.keepalive_interval)
+            .keepalives_retries(options.keepalive_retries)
+            .tcp_user_timeout(options.tcp_user_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("gateway");
+        }
+        let ports = config.get_ports();
+        let name = config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                match host {
+                    tokio_postgres::config::Host::Tcp(h) => format!("{h}:{port}"),
+                    #[cfg(unix)]
+                    tokio_postgres::config::Host::Unix(p) => format!("{}:{port}", p.display()),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        Target { name, config, url }
+    }
+}
+
+type Opened = (
+    Client,
+    Connection<Socket, tokio_postgres::tls::NoTlsStream>,
+    usize,
+);
+
+impl Inner {
+    /// A new connection, and the index of the target it went to: the
+    /// targets in turn, from the one that last worked; with `read-write`,
+    /// tokio-postgres refuses a server whose `transaction_read_only` is on.
+    async fn open(&self) -> Result<Opened, DbError> {
+        let n = self.targets.len();
+        let first = self.preferred.load(Ordering::Relaxed) % n;
+        let mut refused = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let target = &self.targets[i];
+            // tokio-postgres's own connect timeout covers the TCP connect
+            // only; this one also covers the startup, authentication and
+            // read-write exchange.
+            let limit = self.options.connect_timeout;
+            let error = match tokio::time::timeout(limit, target.config.connect(NoTls)).await {
+                Ok(Ok((client, connection))) => {
+                    if i != first {
+                        tracing::info!(server = %target.name, "database connections now go to {}", target.name);
+                    }
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return Ok((client, connection, i));
+                }
+                Ok(Err(e)) => DbError::of(&e),
+                Err(_) => DbError::Unavailable(format!("connecting took longer than {limit:?}")),
+            };
+            refused.push((target.name.as_str(), error));
+        }
+        if n == 1 && !self.read_write {
+            return Err(refused.pop().expect("one target tried").1);
+        }
+        let detail = refused
+            .iter()
+            .map(|(name, e)| format!("{name}: {e}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let what = if self.read_write {
+            "accepts writes (target_session_attrs=read-write)"
+        } else {
+            "answers"
+        };
+        let message = format!("no database server {what}: {detail}");
+        // Down, unreachable or read-only: retry later. Only when every server
+        // answered with something else (a wrong password, say) is it a 500.
+        if refused.iter().any(|(_, e)| e.is_unavailable()) {
+            Err(DbError::Unavailable(message))
+        } else {
+            Err(DbError::Failed(message))
+        }
+    }
+}
+
+/// The servers of a `postgres://` URL, each as a URL of its own, and whether
+/// it asks for one that accepts writes. `host1:p1,host2:p2` and
+/// `target_session_attrs` (`any`, `read-write`, `primary`) follow libpq; the
+/// rest of the URL is kept as it is for each server.
+fn split_url(url: &str) -> Result<(Vec<String>, bool), String> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| "the database URL has no scheme".to_string())?;
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => (&authority[..=i], &authority[i + 1..]),
+        None => ("", authority),
+    };
+    let mut read_write = false;
+    let mut params = Vec::new();
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        match pair.split_once('=') {
+            Some(("target_session_attrs", "any")) => {}
+            Some(("target_session_attrs", "read-write" | "primary")) => read_write = true,
+            Some(("target_session_attrs", other)) => {
+                return Err(format!(
+                    "target_session_attrs={other} is not supported (use read-write or any)"
+                ))
+            }
+            _ if !pair.is_empty() => params.push(pair),
+            _ => {}
+        }
+    }
+    let query = if params.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", params.join("&"))
+    };
+    let urls = hosts
+        .split(',')
+        .map(|host| format!("{scheme}://{userinfo}{host}{path}{query}"))
+        .collect();
+    Ok((urls, read_write))
+}
+
+/// The servers a `postgres://` URL names, as sqlx connect options, and
+/// whether it asks for one that accepts writes (see [`split_url`]).
+pub fn parse_url(url: &str) -> Result<(Vec<PgConnectOptions>, bool), sqlx::Error> {
+    let (urls, read_write) = split_url(url).map_err(|m| sqlx::Error::Configuration(m.into()))?;
+    let targets = urls
+        .iter()
+        .map(|u| PgConnectOptions::from_str(u))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((targets, read_write))
 }
 
 /// A checked-out connection. It goes back to the pool when dropped if every
@@ -386,4 +623,79 @@ pub fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
 ) -> Result<T, DbError> {
     row.try_get(index)
         .map_err(|e| DbError::Failed(format!("column {index}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_url;
+
+    fn hosts(url: &str) -> (Vec<String>, bool) {
+        let (targets, rw) = parse_url(url).expect("parses");
+        (
+            targets
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{}:{}/{}",
+                        t.get_host(),
+                        t.get_port(),
+                        t.get_database().unwrap_or("")
+                    )
+                })
+                .collect(),
+            rw,
+        )
+    }
+
+    #[test]
+    fn one_host_is_one_target_in_any_mode() {
+        assert_eq!(
+            hosts("postgres://u:pw@db:5433/pages"),
+            (vec!["db:5433/pages".to_string()], false)
+        );
+    }
+
+    #[test]
+    fn several_hosts_with_read_write_are_tried_in_order() {
+        assert_eq!(
+            hosts(
+                "postgres://u@a:5432,b:5433/pages?target_session_attrs=read-write&sslmode=disable"
+            ),
+            (
+                vec!["a:5432/pages".to_string(), "b:5433/pages".to_string()],
+                true
+            )
+        );
+        assert!(hosts("postgres://u@a,b/p?target_session_attrs=primary").1);
+        assert!(!hosts("postgres://u@a,b/p?target_session_attrs=any").1);
+    }
+
+    #[test]
+    fn the_pool_has_one_target_per_host_and_checks_writes() {
+        use super::{Db, PoolOptions};
+        let db = Db::new(
+            "postgres://u:pw@a:5432,b:5433/pages?target_session_attrs=primary&sslmode=disable",
+            PoolOptions::default(),
+        )
+        .expect("parses");
+        let names: Vec<_> = db.inner.targets.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a:5432", "b:5433"]);
+        assert!(db.inner.read_write);
+        for t in &db.inner.targets {
+            assert_eq!(
+                t.config.get_target_session_attrs(),
+                tokio_postgres::config::TargetSessionAttrs::ReadWrite
+            );
+            assert_eq!(t.config.get_dbname(), Some("pages"));
+        }
+        let one = Db::new("postgres://u@db/pages", PoolOptions::default()).expect("parses");
+        assert_eq!(one.inner.targets.len(), 1);
+        assert!(!one.inner.read_write);
+    }
+
+    #[test]
+    fn unsupported_session_attrs_are_a_configuration_error() {
+        let err = parse_url("postgres://u@a,b/p?target_session_attrs=standby").unwrap_err();
+        assert!(err.to_string().contains("standby"), "{err}");
+    }
 }

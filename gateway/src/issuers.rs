@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use fencelock::lease_table::LeaseTable;
 use fencelock::redis::RedisLock;
+use fencelock::redis_sentinel::RedisSentinelLock;
 use fencelock::zookeeper::ZooKeeperLock;
 use fencelock::{Holder, HolderLookup, LockError};
 use tokio::sync::watch;
@@ -51,6 +52,10 @@ pub enum Backend {
     Redis,
     /// `zookeeper://host:port[,host:port...]`
     ZooKeeper,
+    /// `redis-sentinel://host:port[,host:port...]/MASTER`: the sentinels and
+    /// the name of the master they watch; the lookup asks whichever server
+    /// they name as master now (after a failover, the promoted one).
+    RedisSentinel,
     /// `postgres://...` (or `postgresql://`): the lease table `fencelock_leases`.
     LeasePostgres,
     /// `mysql://...` (or `mariadb://`): the lease table `fencelock_leases`.
@@ -63,6 +68,7 @@ impl Backend {
         match self {
             Backend::Redis => fencelock::redis::ISSUER,
             Backend::ZooKeeper => fencelock::zookeeper::ISSUER,
+            Backend::RedisSentinel => fencelock::redis_sentinel::ISSUER,
             Backend::LeasePostgres => fencelock::lease_table::ISSUER_POSTGRES,
             Backend::LeaseMysql => fencelock::lease_table::ISSUER_MYSQL,
         }
@@ -112,6 +118,7 @@ impl FromStr for IssuerSpec {
         let backend = match scheme.as_deref() {
             Some("redis") => Backend::Redis,
             Some("zookeeper") | Some("zk") => Backend::ZooKeeper,
+            Some("redis-sentinel") | Some("sentinel") => Backend::RedisSentinel,
             Some("postgres") | Some("postgresql") => Backend::LeasePostgres,
             Some("mysql") | Some("mariadb") => Backend::LeaseMysql,
             Some("redlock") => {
@@ -123,7 +130,7 @@ impl FromStr for IssuerSpec {
             _ => {
                 return Err(format!(
                     "issuer {name:?}: its URL must start with redis://, zookeeper://, \
-                     postgres:// or mysql://"
+                     redis-sentinel://, postgres:// or mysql://"
                 ))
             }
         };
@@ -131,6 +138,15 @@ impl FromStr for IssuerSpec {
             return Err(format!(
                 "issuer {name:?}: zookeeper://host:port[,host:port...] names no server"
             ));
+        }
+        if backend == Backend::RedisSentinel {
+            let (sentinels, master) = sentinel_parts(url);
+            if sentinels.is_empty() || master.is_empty() {
+                return Err(format!(
+                    "issuer {name:?}: redis-sentinel://host:port[,host:port...]/MASTER needs \
+                     at least one sentinel and the master's name"
+                ));
+            }
         }
         Ok(IssuerSpec {
             name: name.to_owned(),
@@ -146,11 +162,29 @@ fn zookeeper_hosts(url: &str) -> &str {
     rest.trim_end_matches('/')
 }
 
+/// `redis-sentinel://a:26379,b:26379/mymaster` to (`[a:26379, b:26379]`,
+/// `mymaster`).
+fn sentinel_parts(url: &str) -> (Vec<String>, &str) {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (hosts, master) = rest.split_once('/').unwrap_or((rest, ""));
+    let sentinels = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+        .collect();
+    (sentinels, master.trim_matches('/').trim())
+}
+
 async fn connect(spec: &IssuerSpec) -> Result<Arc<dyn HolderLookup>, LockError> {
     Ok(match spec.backend {
         Backend::Redis => Arc::new(RedisLock::connect(&spec.url).await?),
         Backend::ZooKeeper => {
             Arc::new(ZooKeeperLock::connect(zookeeper_hosts(&spec.url), ZOOKEEPER_SESSION).await?)
+        }
+        Backend::RedisSentinel => {
+            let (sentinels, master) = sentinel_parts(&spec.url);
+            Arc::new(RedisSentinelLock::connect(&sentinels, master).await?)
         }
         Backend::LeasePostgres => Arc::new(
             LeaseTable::postgres_with(
@@ -400,6 +434,14 @@ mod tests {
                 .backend,
             Backend::Redis
         );
+        let spec: IssuerSpec = "redis-sentinel=redis-sentinel://s1:26379,s2:26379/mymaster"
+            .parse()
+            .unwrap();
+        assert_eq!(spec.backend, Backend::RedisSentinel);
+        assert_eq!(
+            sentinel_parts(&spec.url),
+            (vec!["s1:26379".to_string(), "s2:26379".into()], "mymaster")
+        );
         assert_eq!(
             "lease-mysql=mysql://root@m/locks"
                 .parse::<IssuerSpec>()
@@ -419,6 +461,14 @@ mod tests {
         assert!(e.contains("must start with"), "{e}");
         let e = "Redis=redis://a".parse::<IssuerSpec>().unwrap_err();
         assert!(e.contains("[a-z0-9._:-]"), "{e}");
+        let e = "rs=redis-sentinel://s1:26379"
+            .parse::<IssuerSpec>()
+            .unwrap_err();
+        assert!(e.contains("master's name"), "{e}");
+        let e = "rs=redis-sentinel:///mymaster"
+            .parse::<IssuerSpec>()
+            .unwrap_err();
+        assert!(e.contains("at least one sentinel"), "{e}");
         let e = "redis".parse::<IssuerSpec>().unwrap_err();
         assert!(e.contains("NAME=URL"), "{e}");
         let e = "lp=postgres:/u:pw@x".parse::<IssuerSpec>().unwrap_err();

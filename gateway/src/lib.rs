@@ -30,7 +30,7 @@
 //!   graceful shutdown).
 //! - [`db`]: the connection pool requests use (tokio-postgres; one round trip
 //!   per statement; liveness check after idling, maximum lifetime, TCP
-//!   keepalive).
+//!   keepalive), and the multi-host `DATABASE_URL` that follows the primary.
 //! - [`store`]: the SQL. `sql/fenced_access.sql` is the statement of the
 //!   common case, `sql/fenced_access_locked.sql` and
 //!   `sql/fenced_access_insert.sql` its fallbacks; each carries its safety
@@ -173,6 +173,16 @@ impl AppState {
         self.deadlines = deadlines;
         self
     }
+
+    /// The same state, with a request pool (same [`PoolOptions`]) on
+    /// `database_url`. [`Db::new`] already follows the primary when its URL
+    /// names several hosts with `target_session_attrs=read-write` (see
+    /// [`db`]); this is for a state whose pool was made for another URL.
+    pub fn following(mut self, database_url: &str) -> anyhow::Result<Self> {
+        self.db = Db::new(database_url, *self.db.options())
+            .with_context(|| format!("database URL {}", redact(database_url)))?;
+        Ok(self)
+    }
 }
 
 /// The router with all its layers, ready to serve or to drive in tests.
@@ -211,10 +221,16 @@ pub fn pool_options(max_connections: u32) -> PgPoolOptions {
         .test_before_acquire(false)
 }
 
-/// Connect an sqlx pool once (no retry), for [`migrate`].
+/// Connect an sqlx pool once (no retry), for [`migrate`]. With several hosts
+/// (see [`db`]), to the one that accepts writes now.
 pub async fn connect(database_url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    let target = db::Db::from_url(database_url, 1)
+        .with_context(|| format!("database URL {}", redact(database_url)))?
+        .writable_target()
+        .await
+        .with_context(|| format!("connect to {}", redact(database_url)))?;
     pool_options(max_connections)
-        .connect(database_url)
+        .connect_with(target)
         .await
         .with_context(|| format!("connect to {}", redact(database_url)))
 }
@@ -324,6 +340,7 @@ pub async fn spawn_with_options(
         .with_context(|| format!("database URL {}", redact(database_url)))?;
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
+    // Db::new follows the primary of a multi-host URL itself.
     let state = AppState::with_trust(db, options.fencing, trust).with_deadlines(options.deadlines);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(serve_with(listener, state.clone(), options.serve, async {

@@ -12,6 +12,7 @@
 //! | feature | type | lock service | token |
 //! |---|---|---|---|
 //! | `redis` | [`redis::RedisLock`] | one Redis server | `INCR` of a counter beside the lock, in the grant's Lua script |
+//! | `redis-sentinel` | [`redis_sentinel::RedisSentinelLock`] | a Redis master with replicas, found through Sentinel | the same `INCR`, on whichever server is master (a failover can re-mint tokens: see the module) |
 //! | `redlock` | [`redlock::Redlock`] | N independent Redis masters | none: [`Fencing::Unfenced`] |
 //! | `zookeeper` | [`zookeeper::ZooKeeperLock`] | a ZooKeeper ensemble | the lock node's creation zxid |
 //! | `lease-postgres` | [`lease_table::LeaseTable::postgres`] | a table in PostgreSQL | a column incremented by the grant's `update` |
@@ -156,7 +157,8 @@
 //!   formula ([`validity_for`]) and the polling loop ([`poll_until_granted`]);
 //!   [`Grant`] and [`NewLease`] are what a backend implements.
 //! - `token.rs`: [`Token`]. `error.rs`: [`LockError`].
-//! - `redis.rs`, `redlock.rs`, `lease_table.rs`: one backend each.
+//! - `redis.rs`, `redlock.rs`, `lease_table.rs`: one backend each;
+//!   `redis_sentinel.rs`: the Redis backend on the master Sentinel names.
 //! - `zookeeper/`: `mod.rs` the lock type, `recipe.rs` the queue of
 //!   sequential nodes, `session.rs` the session, cleanup and retry machinery,
 //!   `path.rs` node names, `election.rs` leader election on the same recipe.
@@ -175,6 +177,9 @@ pub mod lease_table;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(feature = "redis-sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
+pub mod redis_sentinel;
 #[cfg(feature = "redlock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
 pub mod redlock;

@@ -56,7 +56,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError, Script};
+use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script};
 use tokio::time::Instant;
 
 use crate::{
@@ -143,12 +143,35 @@ pub fn parse_owner_value(value: &str) -> Option<Holder> {
 pub struct RedisLock {
     inner: Arc<Inner>,
     client_id: Arc<str>,
+    /// `WAIT numreplicas timeout` after every grant ([`RedisLock::with_wait`]).
+    wait: Option<ReplicaWait>,
+}
+
+/// Where connections come from: one fixed server, or (feature
+/// `redis-sentinel`) the master that the sentinels name at connect time.
+pub(crate) enum Source {
+    Fixed(Client),
+    #[cfg(feature = "redis-sentinel")]
+    Sentinel(crate::redis_sentinel::Discovery),
+}
+
+/// After a grant, wait until this many replicas acknowledged it (`WAIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaWait {
+    pub replicas: u32,
+    pub timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let server = match &self.inner.source {
+            Source::Fixed(client) => client.get_connection_info().addr.to_string(),
+            #[cfg(feature = "redis-sentinel")]
+            Source::Sentinel(d) => d.to_string(),
+        };
         f.debug_struct("RedisLock")
-            .field("server", &self.inner.client.get_connection_info().addr)
+            .field("server", &server)
+            .field("issuer", &self.inner.issuer)
             .field("client_id", &self.client_id)
             .finish()
     }
@@ -161,7 +184,9 @@ struct Scripts {
 }
 
 struct Inner {
-    client: Client,
+    source: Source,
+    /// `redis`, or `redis-sentinel`: what every lease and error names.
+    issuer: &'static str,
     config: AsyncConnectionConfig,
     /// The live connection; `None` after it broke, until the next call reconnects.
     conn: Mutex<Option<MultiplexedConnection>>,
@@ -177,12 +202,21 @@ impl RedisLock {
     pub async fn connect(url: &str) -> Result<RedisLock, LockError> {
         let client = Client::open(url)
             .map_err(|e| LockError::InvalidConfig(format!("redis url {url:?}: {e}")))?;
+        Self::connect_source(Source::Fixed(client), ISSUER).await
+    }
+
+    /// Connect through `source` and PING; every lease and error names `issuer`.
+    pub(crate) async fn connect_source(
+        source: Source,
+        issuer: &'static str,
+    ) -> Result<RedisLock, LockError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(CONNECT_TIMEOUT)
             .set_response_timeout(RESPONSE_TIMEOUT);
         let lock = RedisLock {
             inner: Arc::new(Inner {
-                client,
+                source,
+                issuer,
                 config,
                 conn: Mutex::new(None),
                 reconnecting: tokio::sync::Mutex::new(()),
@@ -193,6 +227,7 @@ impl RedisLock {
                 },
             }),
             client_id: default_client_id().into(),
+            wait: None,
         };
         let mut conn = lock.inner.connection().await?;
         let ping = tokio::time::timeout(
@@ -200,7 +235,7 @@ impl RedisLock {
             redis::cmd("PING").query_async::<String>(&mut conn),
         )
         .await
-        .map_err(|_| LockError::unavailable(ISSUER, "PING timed out"))?;
+        .map_err(|_| LockError::unavailable(issuer, "PING timed out"))?;
         ping.map_err(|e| lock.inner.failed(e))?;
         Ok(lock)
     }
@@ -213,6 +248,16 @@ impl RedisLock {
         validate_client_id(&id)?;
         self.client_id = id.into();
         Ok(self)
+    }
+
+    /// After every grant, send `WAIT replicas timeout` and keep the grant only
+    /// if at least `replicas` replicas acknowledged it; otherwise release it
+    /// (compare-owner) and answer `Unavailable`. This narrows, and does not
+    /// close, the window in which a failover loses a grant: see
+    /// [`crate::redis_sentinel`].
+    pub fn with_wait(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = Some(ReplicaWait { replicas, timeout });
+        self
     }
 
     /// Try once: the lease if granted now, `None` if somebody holds the lock.
@@ -237,17 +282,21 @@ impl RedisLock {
         let Some(token) = token else {
             return Ok(None);
         };
+        let issuer = self.inner.issuer;
         let token = Token::try_from(token)
-            .map_err(|e| LockError::protocol(ISSUER, format!("counter {token}: {e}")))?;
-        tracing::debug!(lock = name, %token, "redis lock granted");
+            .map_err(|e| LockError::protocol(issuer, format!("counter {token}: {e}")))?;
+        tracing::debug!(lock = name, %token, issuer, "redis lock granted");
         let grant = Arc::new(RedisGrant {
             lock: self.clone(),
             name: name.to_string(),
             owner: owner_value(token, &nonce, &self.client_id),
         });
+        if let Some(wait) = self.wait {
+            grant.wait_for_replicas(wait).await?;
+        }
         Ok(Some(Lease::new(NewLease {
             name: name.to_string(),
-            issuer: ISSUER.to_string(),
+            issuer: issuer.to_string(),
             client_id: self.client_id.to_string(),
             fencing: Fencing::Token(token),
             ttl: opts.ttl,
@@ -270,33 +319,51 @@ impl Inner {
         if let Some(c) = self.conn.lock().expect("redis conn mutex").clone() {
             return Ok(c);
         }
-        let fresh = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            self.client
-                .get_multiplexed_async_connection_with_config(&self.config),
-        )
-        .await
-        .map_err(|_| LockError::unavailable(ISSUER, "connect timed out"))?
-        .map_err(|e| LockError::unavailable(ISSUER, e))?;
+        let fresh = match &self.source {
+            Source::Fixed(client) => tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                client.get_multiplexed_async_connection_with_config(&self.config),
+            )
+            .await
+            .map_err(|_| LockError::unavailable(self.issuer, "connect timed out"))?
+            .map_err(|e| LockError::unavailable(self.issuer, e))?,
+            #[cfg(feature = "redis-sentinel")]
+            Source::Sentinel(discovery) => discovery.master_connection(&self.config).await?,
+        };
         *self.conn.lock().expect("redis conn mutex") = Some(fresh.clone());
         Ok(fresh)
     }
 
-    /// Map a driver error, forgetting the connection if it is broken.
+    /// Map a driver error, forgetting the connection if it is broken, timed
+    /// out, or leads to a server that is no longer the master (`READONLY`:
+    /// demoted by a failover): the next call reconnects, through the
+    /// sentinels when there are any.
     fn failed(&self, e: RedisError) -> LockError {
-        if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
-            *self.conn.lock().expect("redis conn mutex") = None;
+        let demoted = e.kind() == ErrorKind::ReadOnly;
+        if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_unrecoverable_error()
+            || e.is_timeout()
+            || demoted
+        {
+            self.forget();
         }
         if e.is_io_error()
             || e.is_connection_dropped()
             || e.is_connection_refusal()
             || e.is_timeout()
             || e.is_unrecoverable_error()
+            || demoted
         {
-            LockError::unavailable(ISSUER, e)
+            LockError::unavailable(self.issuer, e)
         } else {
-            LockError::protocol(ISSUER, e)
+            LockError::protocol(self.issuer, e)
         }
+    }
+
+    /// Drop the connection; the next call opens a new one.
+    fn forget(&self) {
+        *self.conn.lock().expect("redis conn mutex") = None;
     }
 
     /// Run one script within `limit` (at least 100 ms): a reply later than the
@@ -310,10 +377,15 @@ impl Inner {
         let inv = build(&self.scripts);
         let limit = limit.max(Duration::from_millis(100));
         match tokio::time::timeout(limit, inv.invoke_async(&mut conn)).await {
-            Err(_) => Err(LockError::unavailable(
-                ISSUER,
-                format!("no reply within {limit:?}"),
-            )),
+            Err(_) => {
+                // A server that stopped answering (frozen, partitioned) keeps
+                // the socket open: reconnect next time instead of waiting on it.
+                self.forget();
+                Err(LockError::unavailable(
+                    self.issuer,
+                    format!("no reply within {limit:?}"),
+                ))
+            }
             Ok(Err(e)) => Err(self.failed(e)),
             Ok(Ok(v)) => Ok(v),
         }
@@ -322,7 +394,7 @@ impl Inner {
 
 impl LockService for RedisLock {
     fn issuer(&self) -> &str {
-        ISSUER
+        self.inner.issuer
     }
 
     fn client_id(&self) -> &str {
@@ -344,7 +416,7 @@ impl LockService for RedisLock {
 
 impl HolderLookup for RedisLock {
     fn issuer(&self) -> &str {
-        ISSUER
+        self.inner.issuer
     }
 
     /// One `GET` of `lock:{N}`: the key exists exactly while the lock is held
@@ -358,13 +430,19 @@ impl HolderLookup for RedisLock {
             let get = redis::cmd("GET").arg(lock_key(name)).to_owned();
             let value: Option<String> =
                 match tokio::time::timeout(RESPONSE_TIMEOUT, get.query_async(&mut conn)).await {
-                    Err(_) => return Err(LockError::unavailable(ISSUER, "GET timed out")),
+                    Err(_) => {
+                        self.inner.forget();
+                        return Err(LockError::unavailable(self.inner.issuer, "GET timed out"));
+                    }
                     Ok(r) => r.map_err(|e| self.inner.failed(e))?,
                 };
             match value {
                 None => Ok(None),
                 Some(v) => parse_owner_value(&v).map(Some).ok_or_else(|| {
-                    LockError::protocol(ISSUER, format!("lock value {v:?} names no holder"))
+                    LockError::protocol(
+                        self.inner.issuer,
+                        format!("lock value {v:?} names no holder"),
+                    )
                 }),
             }
         }
@@ -377,6 +455,50 @@ struct RedisGrant {
     lock: RedisLock,
     name: String,
     owner: String,
+}
+
+impl RedisGrant {
+    /// `WAIT replicas timeout` on the connection that carried the grant (it
+    /// counts the replicas that acknowledged every write of this connection
+    /// so far). Too few: release the grant and refuse it, so that nobody acts
+    /// on a grant that a failover would lose.
+    async fn wait_for_replicas(&self, wait: ReplicaWait) -> Result<(), LockError> {
+        let inner = &self.lock.inner;
+        let mut conn = inner.connection().await?;
+        let cmd = redis::cmd("WAIT")
+            .arg(wait.replicas)
+            .arg(wait.timeout.as_millis() as u64)
+            .to_owned();
+        let limit = wait.timeout + RESPONSE_TIMEOUT;
+        let acked: Result<u32, LockError> =
+            match tokio::time::timeout(limit, cmd.query_async(&mut conn)).await {
+                Err(_) => {
+                    inner.forget();
+                    Err(LockError::unavailable(inner.issuer, "WAIT got no reply"))
+                }
+                Ok(r) => r.map_err(|e| inner.failed(e)),
+            };
+        let acked = match acked {
+            Ok(n) if n >= wait.replicas => return Ok(()),
+            Ok(n) => n,
+            Err(e) => {
+                let _ = self.release().await;
+                return Err(e);
+            }
+        };
+        let released = match self.release().await {
+            Ok(()) => "released".to_string(),
+            Err(e) => format!("release failed ({e}); it expires with its TTL"),
+        };
+        tracing::warn!(lock = %self.name, acked, wanted = wait.replicas, "grant not replicated in time");
+        Err(LockError::unavailable(
+            inner.issuer,
+            format!(
+                "the grant of {:?} reached {acked} of {} replica(s) within {:?} (WAIT); {released}",
+                self.name, wait.replicas, wait.timeout
+            ),
+        ))
+    }
 }
 
 impl Grant for RedisGrant {

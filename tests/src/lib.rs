@@ -9,22 +9,37 @@
 //! # Layout
 //! - [`process`]: one child process, spawned so that it dies with the test binary.
 //! - [`postgres`]: PostgreSQL, plus [`fresh_database`] (one new database per test).
+//! - [`replication`]: a PostgreSQL primary with a streaming standby (async or
+//!   sync), a cuttable replication link, promotion.
+//! - [`haproxy`]: HAProxy balancing HTTP over gateways, health-checked on `/readyz`.
 //! - [`redis`]: redis-server, with or without persistence.
 //! - [`mariadb`]: MariaDB, plus [`fresh_mysql_database`].
-//! - [`zookeeper`]: ZooKeeper, standalone.
+//! - [`zookeeper`]: ZooKeeper, standalone, or a three-node ensemble on loopback.
+//! - [`zookeeper_hosts`]: a three-node ensemble whose servers each live in
+//!   their own network namespace, so that one can be cut off ([`netns`]).
+//! - [`sentinel`]: a Redis master, its replica and three sentinels.
 //! - [`stack`]: `scripts/stack`, the whole demo topology, on free ports.
 //! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
 
+pub mod haproxy;
 pub mod mariadb;
+pub mod netns;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+pub mod replication;
+pub mod sentinel;
 pub mod stack;
 pub mod worker_proc;
 pub mod zookeeper;
+pub mod zookeeper_hosts;
 
+pub use haproxy::Haproxy;
 pub use mariadb::{fresh_mysql_database, MariaDb};
 pub use postgres::{fresh_database, Postgres};
 pub use process::{free_port, scratch_dir, wait_until, ServiceProcess};
 pub use redis::{Persistence, Redis};
+pub use replication::{PostgresPair, Replication};
+pub use sentinel::SentinelGroup;
 pub use zookeeper::ZooKeeper;
+pub use zookeeper_hosts::ZooKeeperHosts;

@@ -1,6 +1,6 @@
 //! A private PostgreSQL 15 from Debian's `postgresql` package.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sqlx::{Connection, PgConnection};
@@ -9,7 +9,7 @@ use tokio::sync::OnceCell;
 
 use crate::process::{find_binary, free_port, wait_until, Recipe, ServiceProcess};
 
-const PG_BIN: &[&str] = &["/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin"];
+pub(crate) const PG_BIN: &[&str] = &["/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin"];
 
 /// A PostgreSQL server on a free port, its data in a temp dir. Killed on drop.
 pub struct Postgres {
@@ -28,58 +28,9 @@ impl Postgres {
             .expect("temp dir");
         std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown pg dir");
         let data = dir.path().join("data");
-        let log = dir.path().join("postgres.log");
-
-        let initdb = find_binary("initdb", PG_BIN);
-        let out = tokio::process::Command::new(&initdb)
-            .args([
-                "-D",
-                data.to_str().unwrap(),
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-            ])
-            .args(["--no-sync", "-E", "UTF8", "--locale", "C"])
-            .uid(uid)
-            .gid(gid)
-            .current_dir(dir.path())
-            .output()
-            .await
-            .expect("run initdb");
-        assert!(
-            out.status.success(),
-            "initdb failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-
+        initdb(&data).await;
         let port = free_port();
-        let sock = dir.path().to_path_buf();
-        let recipe = Recipe {
-            program: find_binary("postgres", PG_BIN),
-            args: vec![
-                "-D".into(),
-                data.to_string_lossy().into_owned(),
-                "-p".into(),
-                port.to_string(),
-                "-k".into(),
-                sock.to_string_lossy().into_owned(),
-                "-c".into(),
-                "listen_addresses=127.0.0.1".into(),
-                "-c".into(),
-                "max_connections=300".into(),
-                // Tests never survive an OS crash, so skip the fsyncs; a killed
-                // postmaster still loses nothing that was committed.
-                "-c".into(),
-                "fsync=off".into(),
-                "-c".into(),
-                "full_page_writes=off".into(),
-            ],
-            env: vec![],
-            user: Some((uid, gid)),
-            log,
-        };
+        let recipe = server_recipe(&data, port, dir.path(), &[]);
         let process = ServiceProcess::spawn("postgres", recipe).expect("spawn postgres");
         let mut me = Self {
             process,
@@ -143,7 +94,68 @@ impl Postgres {
     }
 }
 
-async fn create_database_at(admin_url: &str) -> String {
+/// `initdb` into `data` (its parent must be writable by the `postgres` user).
+pub(crate) async fn initdb(data: &Path) {
+    let (uid, gid) = postgres_user();
+    let out = tokio::process::Command::new(find_binary("initdb", PG_BIN))
+        .args([
+            "-D",
+            data.to_str().expect("utf-8 path"),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+        ])
+        .args(["--no-sync", "-E", "UTF8", "--locale", "C"])
+        .uid(uid)
+        .gid(gid)
+        .current_dir(data.parent().expect("data dir has a parent"))
+        .output()
+        .await
+        .expect("run initdb");
+    assert!(
+        out.status.success(),
+        "initdb failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// How to run `postgres` on `data` and `port`, its log and socket in `dir`,
+/// with `extra` settings (`name=value`) after the common ones.
+pub(crate) fn server_recipe(data: &Path, port: u16, dir: &Path, extra: &[String]) -> Recipe {
+    let mut args: Vec<String> = vec![
+        "-D".into(),
+        data.to_string_lossy().into_owned(),
+        "-p".into(),
+        port.to_string(),
+        "-k".into(),
+        dir.to_string_lossy().into_owned(),
+        "-c".into(),
+        "listen_addresses=127.0.0.1".into(),
+        "-c".into(),
+        "max_connections=300".into(),
+        // Tests never survive an OS crash, so skip the fsyncs; a killed
+        // postmaster still loses nothing that was committed.
+        "-c".into(),
+        "fsync=off".into(),
+        "-c".into(),
+        "full_page_writes=off".into(),
+    ];
+    for setting in extra {
+        args.push("-c".into());
+        args.push(setting.clone());
+    }
+    Recipe {
+        program: find_binary("postgres", PG_BIN),
+        args,
+        env: vec![],
+        user: Some(postgres_user()),
+        log: dir.join("postgres.log"),
+    }
+}
+
+pub(crate) async fn create_database_at(admin_url: &str) -> String {
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
     let mut conn = PgConnection::connect(admin_url)
         .await
@@ -156,7 +168,7 @@ async fn create_database_at(admin_url: &str) -> String {
     replace_database(admin_url, &name)
 }
 
-fn replace_database(url: &str, db: &str) -> String {
+pub(crate) fn replace_database(url: &str, db: &str) -> String {
     // postgres://user@host:port/db?params -> same with another db
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
@@ -198,7 +210,7 @@ pub async fn fresh_database() -> String {
     }
 }
 
-fn postgres_user() -> (u32, u32) {
+pub(crate) fn postgres_user() -> (u32, u32) {
     let user = nix::unistd::User::from_name("postgres")
         .expect("look up user postgres")
         .expect("user `postgres` missing: install Debian's postgresql package");

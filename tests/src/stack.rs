@@ -47,6 +47,24 @@ pub struct Stack {
     unfenced: u16,
 }
 
+/// Free ports for the replicated services of `scripts/stack` (issue 14):
+/// the ZooKeeper ensemble's client, quorum and election ports, the Sentinel
+/// group's two Redis servers and three sentinels, as `STACK_*` variables.
+pub fn replicated_ports() -> Vec<(String, String)> {
+    let ports = |n: usize| {
+        (0..n)
+            .map(|_| crate::free_port().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    vec![
+        ("STACK_ZOOKEEPER_PORTS".into(), ports(3)),
+        ("STACK_ZOOKEEPER_PEER_PORTS".into(), ports(6)),
+        ("STACK_SENTINEL_REDIS_PORTS".into(), ports(2)),
+        ("STACK_SENTINEL_PORTS".into(), ports(3)),
+    ]
+}
+
 impl Stack {
     /// `scripts/stack up` with the default backend (ZooKeeper); panics with
     /// the stack's logs when it does not come up.
@@ -62,6 +80,8 @@ impl Stack {
         let port = || crate::free_port().to_string();
         let gateway = crate::free_port();
         let unfenced = crate::free_port();
+        let gateway_1 = crate::free_port();
+        let gateway_2 = crate::free_port();
         let redlock: Vec<String> = (0..5).map(|_| port()).collect();
         let env = vec![
             (
@@ -72,13 +92,18 @@ impl Stack {
             ("STACK_GATEWAY_PORT".into(), gateway.to_string()),
             ("STACK_UNFENCED_PORT".into(), unfenced.to_string()),
             ("STACK_POSTGRES_PORT".into(), port()),
+            // Issue 15: the standby and the two fenced gateways behind the
+            // balancer (STACK_GATEWAY_PORT is the balancer).
+            ("STACK_POSTGRES_STANDBY_PORT".into(), port()),
+            ("STACK_GATEWAY_1_PORT".into(), gateway_1.to_string()),
+            ("STACK_GATEWAY_2_PORT".into(), gateway_2.to_string()),
             ("STACK_REDIS_PORT".into(), port()),
-            ("STACK_ZOOKEEPER_PORT".into(), port()),
             ("STACK_MARIADB_PORT".into(), port()),
             ("STACK_REDLOCK_PORTS".into(), redlock.join(" ")),
             // The README's default backend; never inherit the caller's choice.
             ("BACKEND".into(), "zookeeper".into()),
         ];
+        let env = [env, replicated_ports()].concat();
         let stack = Stack {
             _state: state,
             env,

@@ -71,6 +71,10 @@ impl WorkerProcess {
         for var in [
             "WORKER_BACKEND",
             "REDIS_URL",
+            "REDIS_SENTINELS",
+            "REDIS_SENTINEL_MASTER",
+            "REDIS_WAIT_REPLICAS",
+            "REDIS_WAIT_TIMEOUT",
             "REDLOCK_URLS",
             "ZOOKEEPER_CONNECT",
             "DATABASE_URL",

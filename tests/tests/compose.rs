@@ -14,7 +14,7 @@
 //!   differ by design: see scripts/stack; key files are the same files, mounted
 //!   as compose secrets);
 //! - trust: both gateways require keys from demo/api-keys, every worker sends
-//!   its own client's key, the fenced gateway checks tokens with all four lock
+//!   its own client's key, the fenced gateway checks tokens with all five lock
 //!   services (the same ones the workers use) and the unfenced one with none,
 //!   and the gateways are published on 127.0.0.1 only.
 
@@ -43,6 +43,7 @@ const CONNECTION_VARS: &[&str] = &[
     "REDIS_URL",
     "REDLOCK_URLS",
     "ZOOKEEPER_CONNECT",
+    "REDIS_SENTINELS",
     "WORKER_GATEWAY",
     "GATEWAY_LISTEN",
     "GATEWAY_ISSUERS",
@@ -53,7 +54,13 @@ const CONNECTION_VARS: &[&str] = &[
 const FILE_VARS: &[&str] = &["GATEWAY_API_KEYS_FILE", "GATEWAY_ADMIN_KEYS_FILE"];
 
 /// The issuers the fenced gateway must trust: every backend with a token.
-const ISSUERS: [&str; 4] = ["redis", "zookeeper", "lease-postgres", "lease-mysql"];
+const ISSUERS: [&str; 5] = [
+    "redis",
+    "zookeeper",
+    "redis-sentinel",
+    "lease-postgres",
+    "lease-mysql",
+];
 
 fn compose() -> Value {
     let text = std::fs::read_to_string(repo().join("compose.yaml")).expect("read compose.yaml");
@@ -197,7 +204,14 @@ fn every_service_is_pinned_healthchecked_and_waits_for_healthy_dependencies() {
     for name in [
         "postgres",
         "redis",
-        "zookeeper",
+        "zk1",
+        "zk2",
+        "zk3",
+        "redis-master",
+        "redis-replica",
+        "sentinel-1",
+        "sentinel-2",
+        "sentinel-3",
         "mariadb",
         "gateway",
         "gateway-unfenced",
@@ -268,6 +282,7 @@ fn every_variable_compose_passes_is_one_the_binaries_accept_for_every_backend() 
     let mut checked = BTreeSet::new();
     for backend in [
         "redis",
+        "redis-sentinel",
         "zookeeper",
         "lease-postgres",
         "lease-mysql",
@@ -694,6 +709,19 @@ fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_readme_says() 
             issuers["zookeeper"],
             format!("zookeeper://{}", worker["ZOOKEEPER_CONNECT"])
         );
+        // The whole ensemble, and the sentinels with the master's name.
+        assert_eq!(
+            worker["ZOOKEEPER_CONNECT"].split(',').count(),
+            3,
+            "the workers connect to all three ZooKeeper servers"
+        );
+        assert_eq!(
+            issuers["redis-sentinel"],
+            format!(
+                "redis-sentinel://{}/{}",
+                worker["REDIS_SENTINELS"], worker["REDIS_SENTINEL_MASTER"]
+            )
+        );
         assert_eq!(issuers["lease-postgres"], worker["DATABASE_URL"]);
         assert_eq!(issuers["lease-mysql"], worker["MYSQL_URL"]);
     }
@@ -738,5 +766,252 @@ fn connection_shape_ignores_hosts_but_not_databases() {
     assert_ne!(
         connection_shape("GATEWAY_ISSUERS", "redis=redis://r:1"),
         connection_shape("GATEWAY_ISSUERS", "zookeeper=redis://r:1")
+    );
+}
+
+// ---- Issue 15: the PostgreSQL standby, two fenced gateways, the balancer ----
+
+/// `scripts/stack services`: the services it can start, one a line.
+fn stack_services() -> BTreeSet<String> {
+    let out = Command::new(repo().join("scripts/stack"))
+        .arg("services")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .output()
+        .expect("run scripts/stack services");
+    assert!(
+        out.status.success(),
+        "scripts/stack services: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn compose_and_the_stack_script_define_the_same_services() {
+    let compose: BTreeSet<String> = services(&compose()).into_keys().collect();
+    let stack = stack_services();
+    assert_eq!(
+        compose.difference(&stack).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "in compose.yaml, not in scripts/stack (all_services)"
+    );
+    assert_eq!(
+        stack.difference(&compose).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "in scripts/stack (all_services), not in compose.yaml"
+    );
+    for name in ["postgres-standby", "gateway-2", "balancer"] {
+        assert!(compose.contains(name), "no {name}");
+    }
+    // Issue 14: the ZooKeeper ensemble and the Sentinel group, in both.
+    for name in [
+        "zk1",
+        "zk2",
+        "zk3",
+        "redis-master",
+        "redis-replica",
+        "sentinel-1",
+        "sentinel-2",
+        "sentinel-3",
+    ] {
+        assert!(compose.contains(name), "no {name}");
+    }
+}
+
+/// The fenced gateways: our gateway binary with GATEWAY_FENCING=enforce.
+fn fenced_gateways(services: &BTreeMap<String, Value>) -> Vec<String> {
+    services
+        .iter()
+        .filter(|(_, s)| our_binary(s).as_deref() == Some("gateway"))
+        .filter(|(_, s)| {
+            environment(s, &BTreeMap::new())
+                .get("GATEWAY_FENCING")
+                .map(String::as_str)
+                == Some("enforce")
+        })
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
+/// `host:port` of each server a gateway's DATABASE_URL names, and whether it
+/// asks for the one that accepts writes (the gateway's own parser).
+fn database_servers(url: &str) -> (Vec<String>, bool) {
+    let (targets, read_write) =
+        gateway::db::parse_url(url).unwrap_or_else(|e| panic!("DATABASE_URL {url}: {e}"));
+    (
+        targets
+            .iter()
+            .map(|t| format!("{}:{}", t.get_host(), t.get_port()))
+            .collect(),
+        read_write,
+    )
+}
+
+#[test]
+fn gateways_follow_the_primary_and_the_fenced_ones_sit_behind_the_balancer() {
+    let compose = compose();
+    let services = services(&compose);
+
+    // Two fenced gateways, the same settings but their ports.
+    let fenced = fenced_gateways(&services);
+    assert_eq!(fenced, ["gateway", "gateway-2"]);
+    let without_listen = |name: &str| {
+        let mut env = environment(&services[name], &BTreeMap::new());
+        let listen = env.remove("GATEWAY_LISTEN").expect("GATEWAY_LISTEN");
+        (env, listen)
+    };
+    let (one, listen_1) = without_listen("gateway");
+    let (two, listen_2) = without_listen("gateway-2");
+    assert_eq!(one, two, "gateway and gateway-2 differ beyond their port");
+    assert_ne!(listen_1, listen_2);
+
+    // Every gateway (the unfenced one too) names the primary and the standby
+    // and wants the one that accepts writes; the stack's do the same.
+    for (name, service) in &services {
+        if our_binary(service).as_deref() != Some("gateway") {
+            continue;
+        }
+        let env = environment(service, &BTreeMap::new());
+        assert_eq!(
+            database_servers(&env["DATABASE_URL"]),
+            (
+                vec![
+                    "postgres:5432".to_owned(),
+                    "postgres-standby:5432".to_owned()
+                ],
+                true
+            ),
+            "{name}"
+        );
+        let stack = stack_env(name);
+        let (servers, read_write) = database_servers(&stack["DATABASE_URL"]);
+        assert_eq!(
+            (servers.len(), read_write),
+            (2, true),
+            "{name} in scripts/stack"
+        );
+    }
+
+    // The standby: the official image, from a base backup of `postgres`, by
+    // the repository's entrypoint script; the primary lets it replicate.
+    let primary = &services["postgres"];
+    let standby = &services["postgres-standby"];
+    assert_eq!(standby.get("image"), primary.get("image"));
+    let entrypoint = serde_yaml::to_string(&standby["entrypoint"]).unwrap();
+    assert!(
+        entrypoint.contains("/demo/postgres/standby.sh"),
+        "{entrypoint}"
+    );
+    let mounts = |s: &Value| serde_yaml::to_string(&s["volumes"]).unwrap();
+    assert!(mounts(standby).contains("./demo/postgres:/demo/postgres:ro"));
+    assert!(
+        mounts(primary).contains("./demo/postgres/primary-init.sh:/docker-entrypoint-initdb.d/")
+    );
+    for script in ["standby.sh", "primary-init.sh"] {
+        let text = std::fs::read_to_string(repo().join("demo/postgres").join(script))
+            .unwrap_or_else(|e| panic!("demo/postgres/{script}: {e}"));
+        assert!(text.starts_with("#!/usr/bin/env bash"), "{script}");
+    }
+    let standby_script = std::fs::read_to_string(repo().join("demo/postgres/standby.sh")).unwrap();
+    assert!(standby_script.contains("pg_basebackup") && standby_script.contains(" -R "));
+    let standby_env = environment(standby, &BTreeMap::new());
+    assert_eq!(standby_env["PRIMARY_HOST"], "postgres");
+    // Asynchronous unless POSTGRES_REPLICATION=sync, in compose and the stack.
+    let replication = |vars: &BTreeMap<&str, &str>| {
+        environment(primary, vars)
+            .remove("POSTGRES_REPLICATION")
+            .expect("postgres has POSTGRES_REPLICATION")
+    };
+    assert_eq!(replication(&BTreeMap::new()), "async");
+    assert_eq!(
+        replication(&BTreeMap::from([("POSTGRES_REPLICATION", "sync")])),
+        "sync"
+    );
+
+    // The workers talk to the balancer.
+    for (name, service) in &services {
+        if our_binary(service).as_deref() != Some("worker") || name == "straggler-unfenced" {
+            continue;
+        }
+        let env = environment(service, &BTreeMap::new());
+        assert_eq!(env["WORKER_GATEWAY"], "http://balancer:8080", "{name}");
+    }
+
+    // The balancer: the official haproxy image with demo/haproxy, published
+    // where the README's curls go, health-checking exactly the fenced
+    // gateways on /readyz.
+    let balancer = &services["balancer"];
+    assert!(balancer["image"]
+        .as_str()
+        .unwrap()
+        .starts_with("haproxy:2.6."));
+    assert!(mounts(balancer).contains("./demo/haproxy:/usr/local/etc/haproxy:ro"));
+    assert_eq!(
+        serde_yaml::to_string(&balancer["ports"]).unwrap().trim(),
+        "- 127.0.0.1:8080:8080"
+    );
+    let cfg = std::fs::read_to_string(repo().join("demo/haproxy/haproxy.cfg")).unwrap();
+    let lines: Vec<&str> = cfg.lines().map(str::trim).collect();
+    assert!(lines.contains(&"bind :8080"));
+    assert!(lines.contains(&"option httpchk GET /readyz"));
+    assert!(lines.contains(&"http-check expect status 200"));
+    let servers: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("server "))
+        .collect();
+    let want: Vec<String> = fenced
+        .iter()
+        .map(|name| {
+            let env = environment(&services[name], &BTreeMap::new());
+            let port = env["GATEWAY_LISTEN"].rsplit(':').next().unwrap().to_owned();
+            format!("{name} {name}:{port} check")
+        })
+        .collect();
+    assert_eq!(
+        servers, want,
+        "the balancer's servers are the fenced gateways"
+    );
+    let errorfile = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("errorfile 503 /usr/local/etc/haproxy/"))
+        .expect("a 503 errorfile in the mounted directory");
+    let page = std::fs::read_to_string(repo().join("demo/haproxy").join(errorfile)).unwrap();
+    let body = page.split("\r\n\r\n").nth(1).expect("headers, then a body");
+    let json: serde_json::Value = serde_json::from_str(body).expect("the 503 body is JSON");
+    assert_eq!(json["error"], "no_gateway_available");
+}
+
+#[test]
+fn balancer_configuration_is_valid_for_haproxy() {
+    let haproxy = ["/usr/sbin/haproxy", "/usr/local/sbin/haproxy"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file());
+    let Some(haproxy) = haproxy else {
+        println!("SKIPPED: haproxy is not installed (apt-get install haproxy; .ci/run does)");
+        return;
+    };
+    // As scripts/stack runs it: the errorfile from the repository.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = std::fs::read_to_string(repo().join("demo/haproxy/haproxy.cfg"))
+        .unwrap()
+        .replace(
+            "/usr/local/etc/haproxy/",
+            &format!("{}/", repo().join("demo/haproxy").display()),
+        );
+    std::fs::write(dir.path().join("haproxy.cfg"), cfg).unwrap();
+    let out = Command::new(haproxy)
+        .args(["-c", "-f"])
+        .arg(dir.path().join("haproxy.cfg"))
+        .output()
+        .expect("run haproxy -c");
+    assert!(
+        out.status.success(),
+        "haproxy -c rejects demo/haproxy/haproxy.cfg:\n{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -6,10 +6,11 @@
 //! the next `$ ` or the end of the block, are what it prints. In the expected
 //! output, `...` inside a line matches any text (timestamps, sizes), and a line
 //! that is exactly `...` matches any number of lines, none included. Carriage
-//! returns (curl `-i` headers) are ignored. Only `curl` commands may appear in
-//! console blocks; `docker compose` steps are in ```` ```sh ```` blocks because
-//! these machines have no Docker engine, so they cannot run here (compose.yaml
-//! is checked by tests/tests/compose.rs instead).
+//! returns (curl `-i` headers) are ignored. Console blocks run `curl`, `echo`,
+//! and the `docker compose` commands that scripts/stack has too (`exec -T`,
+//! `restart`, `kill`), which the test runs with scripts/stack; other `docker
+//! compose` steps are in ```` ```sh ```` blocks because these machines have
+//! no Docker engine (compose.yaml is checked by tests/tests/compose.rs instead).
 //!
 //! # The stack
 //! `scripts/stack up` starts the same topology as compose.yaml from the Debian
@@ -17,7 +18,9 @@
 //! variables (so nothing collides with another test or a stack a person runs),
 //! with the gateway and worker binaries `cargo build --workspace --bins` left in
 //! the target dir (scripts/test builds them before the tests). The curls say
-//! `localhost:8080` / `localhost:8081`; the test rewrites those to its ports.
+//! `localhost:8080` (the balancer) / `localhost:8081` (the unfenced gateway) /
+//! `localhost:8082`, `localhost:8083` (the two fenced gateways); the test
+//! rewrites those to its ports.
 //! `scripts/stack down` runs on drop, also when an assertion fails.
 //!
 //! # The straggler (README steps 5 and 6)
@@ -64,8 +67,11 @@ fn bin_dir() -> PathBuf {
 struct Stack {
     _state: TempDir,
     env: Vec<(String, String)>,
+    /// The balancer in front of the two fenced gateways (the README's :8080).
     gateway: u16,
     unfenced: u16,
+    /// The fenced gateways themselves (the README's :8082 and :8083).
+    gateways: [u16; 2],
 }
 
 impl Stack {
@@ -81,6 +87,8 @@ impl Stack {
         let port = || harness::free_port().to_string();
         let gateway = harness::free_port();
         let unfenced = harness::free_port();
+        let gateway_1 = harness::free_port();
+        let gateway_2 = harness::free_port();
         let redlock: Vec<String> = (0..5).map(|_| port()).collect();
         let env = vec![
             (
@@ -91,18 +99,25 @@ impl Stack {
             ("STACK_GATEWAY_PORT".into(), gateway.to_string()),
             ("STACK_UNFENCED_PORT".into(), unfenced.to_string()),
             ("STACK_POSTGRES_PORT".into(), port()),
+            // Issue 15: the standby and the two fenced gateways behind the
+            // balancer (STACK_GATEWAY_PORT is the balancer).
+            ("STACK_POSTGRES_STANDBY_PORT".into(), port()),
+            ("STACK_GATEWAY_1_PORT".into(), gateway_1.to_string()),
+            ("STACK_GATEWAY_2_PORT".into(), gateway_2.to_string()),
             ("STACK_REDIS_PORT".into(), port()),
-            ("STACK_ZOOKEEPER_PORT".into(), port()),
             ("STACK_MARIADB_PORT".into(), port()),
             ("STACK_REDLOCK_PORTS".into(), redlock.join(" ")),
             // The README's default backend; never inherit the caller's choice.
             ("BACKEND".into(), "zookeeper".into()),
         ];
+        // The ZooKeeper ensemble and the Sentinel group (issue 14).
+        let env = [env, harness::stack::replicated_ports()].concat();
         let stack = Stack {
             _state: state,
             env,
             gateway,
             unfenced,
+            gateways: [gateway_1, gateway_2],
         };
         let out = stack.script(&["up"]);
         if !out.status.success() {
@@ -142,6 +157,8 @@ impl Stack {
         let command = command
             .replace("localhost:8080", &format!("127.0.0.1:{}", self.gateway))
             .replace("localhost:8081", &format!("127.0.0.1:{}", self.unfenced))
+            .replace("localhost:8082", &format!("127.0.0.1:{}", self.gateways[0]))
+            .replace("localhost:8083", &format!("127.0.0.1:{}", self.gateways[1]))
             .replace("docker compose ", &format!("{} ", stack.display()));
         let out = Command::new("sh")
             .args(["-c", &command])
@@ -349,17 +366,36 @@ fn classify(command: &str) -> Result<Run, String> {
     let allowed = inner.starts_with("curl ")
         || inner.starts_with("echo ")
         || inner.starts_with("docker compose exec -T ")
-        || inner.starts_with("docker compose restart ");
+        || inner.starts_with("docker compose restart ")
+        // Issue 14's steps: kill a server, freeze one, start it again
+        // (scripts/stack has each), and ask each ZooKeeper server its mode.
+        || inner.starts_with("docker compose kill ")
+        || inner.starts_with("docker compose pause ")
+        || inner.starts_with("docker compose unpause ")
+        || inner.starts_with("docker compose start ")
+        || is_exec_loop(inner);
     if !allowed {
         return Err(format!(
-            "{command}: console blocks run curl, echo, `docker compose exec -T`, `docker \
-             compose restart` and `NAME=$(...)` of those only (use ```sh for the rest)"
+            "{command}: console blocks run curl, echo, `docker compose exec -T` (alone or in \
+             a `for ...; do ...; done` loop), `docker compose restart|kill|pause|unpause|start` \
+             and `NAME=$(...)` of those only (use ```sh for the rest)"
         ));
     }
     Ok(Run {
         capture,
         command: inner.to_owned(),
     })
+}
+
+/// `for NAME in WORDS; do docker compose exec -T ...; done`: the same
+/// `exec` over several services (which ZooKeeper server leads).
+fn is_exec_loop(command: &str) -> bool {
+    command.starts_with("for ")
+        && command.contains("; do docker compose exec -T ")
+        && command.ends_with("; done")
+        && command.matches("; do ").count() == 1
+        && !command.contains('`')
+        && !command.contains("$(")
 }
 
 /// `...` inside an expected line matches any text.
@@ -442,6 +478,13 @@ fn matcher_follows_the_documented_convention() {
         "needs -T"
     );
     assert!(classify("rm -rf /").is_err());
+    assert!(classify("docker compose kill zk2").is_ok());
+    assert!(classify(
+        "LEADER=$(for zk in zk1 zk2 zk3; do docker compose exec -T $zk zkServer.sh status 2>/dev/null | grep -q leader && echo $zk; done)"
+    )
+    .is_ok());
+    assert!(classify("for x in a; do rm -rf /; done").is_err());
+    assert!(classify("for x in a; do docker compose exec -T $x ls; done; rm -rf /").is_err());
     assert!(classify("X=$(rm -rf /)").is_err());
     assert!(
         classify("lower=$(curl x)").is_err(),
@@ -576,5 +619,144 @@ fn straggler_is_refused_by_the_fence_and_loses_an_update_without_it() {
     assert!(
         !lost.is_empty(),
         "no acknowledged edit was lost without fencing"
+    );
+}
+
+/// The highest token among accepted PUTs of page `demo` (ZooKeeper's tokens
+/// only grow, whatever happens to PostgreSQL).
+fn highest_accepted_token(history: &[serde_json::Value]) -> i64 {
+    history
+        .iter()
+        .filter(|e| e["method"] == "PUT" && e["outcome"] == "accepted")
+        .filter_map(|e| e["token"].as_i64())
+        .max()
+        .unwrap_or(0)
+}
+
+impl Stack {
+    /// Page `demo`'s history, or `None` while the balancer has no gateway
+    /// with a primary (a failover in progress).
+    fn try_history(&self) -> Option<Vec<serde_json::Value>> {
+        let out = Command::new("curl")
+            .args(["-sf", "--max-time", "10"])
+            .arg(format!(
+                "http://127.0.0.1:{}/pages/demo/history?limit=10000",
+                self.gateway
+            ))
+            .output()
+            .expect("run curl");
+        if !out.status.success() {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let mut entries = v["history"].as_array()?.clone();
+        entries.reverse();
+        Some(entries)
+    }
+
+    /// Wait (bounded) until each of `workers` has a PUT accepted with a token
+    /// above `above`: it edited after whatever happened at that token.
+    #[track_caller]
+    fn wait_workers_edit_after(&self, workers: &[&str], above: i64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let history = self.try_history().unwrap_or_default();
+            let missing: Vec<&&str> = workers
+                .iter()
+                .filter(|w| {
+                    !history.iter().any(|e| {
+                        e["client_id"] == **w
+                            && e["method"] == "PUT"
+                            && e["outcome"] == "accepted"
+                            && e["token"].as_i64().is_some_and(|t| t > above)
+                    })
+                })
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{missing:?} got no edit acknowledged after token {above} within {timeout:?}\n--- logs ---\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    #[track_caller]
+    fn run_ok(&self, args: &[&str]) -> String {
+        let out = self.script(args);
+        assert!(
+            out.status.success(),
+            "scripts/stack {}: {}\n--- logs ---\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// README steps 12 and 13 (issue 15) with the workers in view: `gateway-2`
+/// (which worker-2's key is balanced to) is SIGKILLed and every worker, worker-2
+/// included, gets edits acknowledged through the other gateway, none lost;
+/// then the PostgreSQL primary is killed and the standby promoted, and every
+/// worker gets edits acknowledged on the new primary. The standby is
+/// asynchronous, so what the failover lost is printed, not asserted.
+#[test]
+fn workers_go_on_through_the_balancer_when_a_gateway_dies_and_after_a_failover() {
+    let stack = Stack::up();
+    let workers = ["worker-1", "worker-2", "worker-3"];
+    stack.wait_for(
+        "curl -s -o /dev/null -w '%{http_code}' localhost:8080/pages/demo",
+        "200",
+        Duration::from_secs(60),
+    );
+    stack.wait_workers_edit_after(&workers, 0, Duration::from_secs(60));
+
+    let before_kill = highest_accepted_token(&stack.history());
+    stack.run_ok(&["kill", "gateway-2"]);
+    assert_eq!(stack.state("gateway-2"), "exited");
+    stack.wait_workers_edit_after(&workers, before_kill, Duration::from_secs(60));
+    assert_eq!(
+        lost_edits(&stack),
+        Vec::<serde_json::Value>::new(),
+        "a killed gateway cost an acknowledged edit"
+    );
+
+    let before_failover = highest_accepted_token(&stack.history());
+    stack.run_ok(&["kill", "postgres"]);
+    // No primary: refused, never served from the standby.
+    let status = stack.sh("curl -s -o /dev/null -w '%{http_code}' localhost:8080/pages/demo");
+    assert_eq!(status, "503");
+    let promoted = stack.run_ok(&[
+        "exec",
+        "-T",
+        "postgres-standby",
+        "psql",
+        "-U",
+        "postgres",
+        "-tAc",
+        "select pg_promote()",
+    ]);
+    assert_eq!(promoted.trim(), "t");
+    stack.wait_workers_edit_after(&workers, before_failover, Duration::from_secs(90));
+    let lost = lost_edits(&stack);
+    eprintln!(
+        "asynchronous standby, as measured: {} acknowledged edit(s) lost in the failover: {lost:?}",
+        lost.len()
+    );
+    // The old primary must not come back beside the promoted standby.
+    let out = stack.script(&["restart", "postgres"]);
+    assert!(
+        !out.status.success(),
+        "restarting the old primary was allowed"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("split brain"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

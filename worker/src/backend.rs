@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::config::{Backend, Config, ConfigError};
 use fencelock::lease_table::LeaseTable;
 use fencelock::redis::RedisLock;
+use fencelock::redis_sentinel::RedisSentinelLock;
 use fencelock::redlock::Redlock;
 use fencelock::zookeeper::ZooKeeperLock;
 use fencelock::{LockError, LockService};
@@ -39,6 +40,16 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn LockService>, BackendErr
         Backend::Redis => {
             let url = config.redis_url.as_deref().ok_or(missing("--redis-url"))?;
             Arc::new(RedisLock::connect(url).await?.with_client_id(client_id)?)
+        }
+        Backend::RedisSentinel => {
+            let mut locks =
+                RedisSentinelLock::connect(&config.redis_sentinels, &config.redis_sentinel_master)
+                    .await?
+                    .with_client_id(client_id)?;
+            if config.redis_wait_replicas > 0 {
+                locks = locks.with_wait(config.redis_wait_replicas, config.redis_wait_timeout);
+            }
+            Arc::new(locks)
         }
         Backend::Redlock => {
             let urls: Vec<String> = config

@@ -22,6 +22,24 @@ pub struct Config {
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
 
+    /// Comma-separated `host:port` of the sentinels for `--backend redis-sentinel`.
+    #[arg(long, env = "REDIS_SENTINELS", value_delimiter = ',')]
+    pub redis_sentinels: Vec<String>,
+
+    /// The master name the sentinels monitor, for `--backend redis-sentinel`.
+    #[arg(long, env = "REDIS_SENTINEL_MASTER", default_value = "mymaster")]
+    pub redis_sentinel_master: String,
+
+    /// `--backend redis-sentinel`: after every grant, `WAIT` until this many
+    /// replicas acknowledged it; fewer in time and the grant is released and
+    /// retried (0: no WAIT).
+    #[arg(long, env = "REDIS_WAIT_REPLICAS", default_value_t = 0)]
+    pub redis_wait_replicas: u32,
+
+    /// The timeout of that `WAIT`, e.g. 100ms.
+    #[arg(long, env = "REDIS_WAIT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "100ms")]
+    pub redis_wait_timeout: Duration,
+
     /// Comma-separated URLs of the independent Redis masters for `--backend redlock`.
     #[arg(long, env = "REDLOCK_URLS", value_delimiter = ',')]
     pub redlock_urls: Vec<String>,
@@ -99,6 +117,7 @@ pub struct Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
     Redis,
+    RedisSentinel,
     Redlock,
     Zookeeper,
     LeasePostgres,
@@ -109,6 +128,7 @@ impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Redis => "redis",
+            Backend::RedisSentinel => "redis-sentinel",
             Backend::Redlock => "redlock",
             Backend::Zookeeper => "zookeeper",
             Backend::LeasePostgres => "lease-postgres",
@@ -167,6 +187,9 @@ impl Config {
         match self.backend {
             Backend::Redis if self.redis_url.is_none() => {
                 return Err(missing("--redis-url / REDIS_URL"))
+            }
+            Backend::RedisSentinel if self.redis_sentinels.iter().all(|s| s.trim().is_empty()) => {
+                return Err(missing("--redis-sentinels / REDIS_SENTINELS"))
             }
             Backend::Redlock if self.fencing == SendTokens::On => {
                 return Err(ConfigError::RedlockNeedsFencingOff)

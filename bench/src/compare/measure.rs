@@ -17,11 +17,13 @@ use chaos::Backend;
 use clap::Parser;
 use fencelock::lease_table::LeaseTable;
 use fencelock::redis::RedisLock;
+use fencelock::redis_sentinel::RedisSentinelLock;
 use fencelock::redlock::Redlock;
 use fencelock::zookeeper::ZooKeeperLock;
 use fencelock::{AcquireOptions, LockService};
 use futures::future::join_all;
-use harness::{MariaDb, Postgres, Redis, ZooKeeper};
+use harness::zookeeper::ZooKeeperEnsemble;
+use harness::{MariaDb, Postgres, Redis, SentinelGroup, ZooKeeper};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -48,8 +50,18 @@ pub enum Services {
     Redis(Redis),
     Redlock(Vec<Redis>),
     ZooKeeper(ZooKeeper),
-    Postgres { _server: Postgres, db: String },
-    MariaDb { server: MariaDb, db: String },
+    /// Three servers on loopback, quorum 2 (issue 14): every grant is a quorum write.
+    ZooKeeperEnsemble(ZooKeeperEnsemble),
+    /// A master, one replica and three sentinels (issue 14).
+    Sentinel(SentinelGroup),
+    Postgres {
+        _server: Postgres,
+        db: String,
+    },
+    MariaDb {
+        server: MariaDb,
+        db: String,
+    },
 }
 
 impl Services {
@@ -80,7 +92,27 @@ impl Services {
                 let db = server.create_database().await;
                 Services::MariaDb { server, db }
             }
+            Backend::RedisSentinel => {
+                Services::Sentinel(guarded("redis sentinel group", SentinelGroup::start()).await?)
+            }
         })
+    }
+
+    /// The three-node ZooKeeper ensemble on loopback, measured beside the
+    /// standalone server so that the price of the quorum shows.
+    pub async fn start_zookeeper_ensemble() -> anyhow::Result<Services> {
+        Ok(Services::ZooKeeperEnsemble(
+            guarded("zookeeper ensemble", ZooKeeperEnsemble::start()).await?,
+        ))
+    }
+
+    /// The ZooKeeper connect string, standalone or ensemble.
+    fn zookeeper_connect(&self) -> Option<String> {
+        match self {
+            Services::ZooKeeper(z) => Some(z.connect_string()),
+            Services::ZooKeeperEnsemble(e) => Some(e.connect_string()),
+            _ => None,
+        }
     }
 
     fn redis_urls(&self) -> Vec<String> {
@@ -98,8 +130,15 @@ impl Services {
             out.push(match self {
                 Services::Redis(r) => Arc::new(RedisLock::connect(&r.url()).await?),
                 Services::Redlock(_) => Arc::new(Redlock::connect(&self.redis_urls()).await?),
-                Services::ZooKeeper(z) => Arc::new(
-                    ZooKeeperLock::connect(&z.connect_string(), Duration::from_secs(6)).await?,
+                Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => Arc::new(
+                    ZooKeeperLock::connect(
+                        &self.zookeeper_connect().expect("zookeeper"),
+                        Duration::from_secs(6),
+                    )
+                    .await?,
+                ),
+                Services::Sentinel(g) => Arc::new(
+                    RedisSentinelLock::connect(&g.sentinel_addrs(), g.master_name()).await?,
                 ),
                 Services::Postgres { db, .. } => Arc::new(LeaseTable::postgres(db).await?),
                 Services::MariaDb { db, .. } => Arc::new(LeaseTable::mysql(db).await?),
@@ -114,9 +153,21 @@ impl Services {
         match self {
             Services::Redis(r) => Some(("redis", r.url())),
             Services::Redlock(_) => None,
-            Services::ZooKeeper(z) => {
-                Some(("zookeeper", format!("zookeeper://{}", z.connect_string())))
-            }
+            Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => Some((
+                "zookeeper",
+                format!(
+                    "zookeeper://{}",
+                    self.zookeeper_connect().expect("zookeeper")
+                ),
+            )),
+            Services::Sentinel(g) => Some((
+                "redis-sentinel",
+                format!(
+                    "redis-sentinel://{}/{}",
+                    g.sentinel_addrs().join(","),
+                    g.master_name()
+                ),
+            )),
             Services::Postgres { db, .. } => Some(("lease-postgres", db.clone())),
             Services::MariaDb { db, .. } => Some(("lease-mysql", db.clone())),
         }
@@ -127,7 +178,16 @@ impl Services {
         let (backend, flag, value) = match self {
             Services::Redis(r) => ("redis", "--redis-url", r.url()),
             Services::Redlock(_) => ("redlock", "--redlock-urls", self.redis_urls().join(",")),
-            Services::ZooKeeper(z) => ("zookeeper", "--zookeeper-connect", z.connect_string()),
+            Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => (
+                "zookeeper",
+                "--zookeeper-connect",
+                self.zookeeper_connect().expect("zookeeper"),
+            ),
+            Services::Sentinel(g) => (
+                "redis-sentinel",
+                "--redis-sentinels",
+                g.sentinel_addrs().join(","),
+            ),
             Services::Postgres { db, .. } => ("lease-postgres", "--database-url", db.clone()),
             Services::MariaDb { db, .. } => ("lease-mysql", "--mysql-url", db.clone()),
         };
@@ -162,6 +222,7 @@ pub fn limit_name(backend: Backend) -> &'static str {
         Backend::Zookeeper => "raw create EPHEMERAL_SEQUENTIAL + getChildren + delete",
         Backend::LeasePostgres => "pgbench -M prepared: the lease SQL",
         Backend::LeaseMysql => "mariadb-slap: the lease SQL",
+        Backend::RedisSentinel => "redis-benchmark: EVALSHA grant + release scripts, on the master",
     }
 }
 
@@ -170,7 +231,7 @@ pub fn peer_name(backend: Backend) -> Option<&'static str> {
         Backend::Redis => Some("Python redis 8.1.0 Lock"),
         Backend::Redlock => Some("rslock 0.10.0 (N=5)"),
         Backend::Zookeeper => Some("Python kazoo 2.11.0 Lock"),
-        Backend::LeasePostgres | Backend::LeaseMysql => None,
+        Backend::LeasePostgres | Backend::LeaseMysql | Backend::RedisSentinel => None,
     }
 }
 
@@ -302,7 +363,17 @@ pub async fn limit(ctx: &Ctx, services: &Services, repeat: usize) -> anyhow::Res
     match services {
         Services::Redis(r) => redis_benchmark(&ctx.commands, r.port(), secs).await,
         Services::Redlock(_) => bare_redis_nodes(&services.redis_urls(), secs, repeat).await,
-        Services::ZooKeeper(z) => raw_zookeeper(&z.connect_string(), secs, repeat).await,
+        Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => {
+            let connect = services.zookeeper_connect().expect("zookeeper");
+            raw_zookeeper(&connect, secs, repeat).await
+        }
+        Services::Sentinel(g) => {
+            let master = g
+                .named_master()
+                .await
+                .context("the sentinels name no master")?;
+            redis_benchmark(&ctx.commands, g.node_port(master), secs).await
+        }
         Services::Postgres { db, .. } => pgbench(&ctx.commands, db, secs).await,
         Services::MariaDb { server, db } => {
             mariadb_slap(&ctx.commands, server.port(), db, secs).await
@@ -327,8 +398,8 @@ pub async fn peer(ctx: &Ctx, services: &Services, repeat: usize) -> anyhow::Resu
             python_peer(&ctx.commands, &python()?, PY_REDIS_LOCK, &port, secs).await
         }
         Services::Redlock(_) => rslock(&services.redis_urls(), secs, repeat).await,
-        Services::ZooKeeper(z) => {
-            let cs = z.connect_string();
+        Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => {
+            let cs = services.zookeeper_connect().expect("zookeeper");
             python_peer(&ctx.commands, &python()?, PY_KAZOO_LOCK, &cs, secs).await
         }
         _ => bail!("no peer for this backend"),

@@ -1,0 +1,392 @@
+//! The Redis lock on a master with replicas watched by Redis Sentinel: the
+//! same grant, renew and release scripts as [`crate::redis`], on whichever
+//! server the sentinels name as the master right now.
+//!
+//! # Finding the master, following a failover
+//! On connect (and on every reconnect) the client asks the sentinels in the
+//! order given, `SENTINEL get-master-addr-by-name <name>`, connects to the
+//! address the first one answers, and checks with `ROLE` that this server
+//! does consider itself the master (a sentinel that has not seen the failover
+//! yet names the old one). Every step has a short deadline (500 ms): the
+//! server we must route around is typically one that stopped answering.
+//!
+//! The connection is dropped, so that the next call asks the sentinels
+//! again, when a command fails on the socket, gets no reply in time (a frozen
+//! or partitioned master keeps its socket open), or is refused with
+//! `READONLY` (the server was demoted to a replica by a failover).
+//!
+//! We do not use the `redis` crate's `sentinel` feature: its discovery has no
+//! deadline on the sentinel connections nor on the `ROLE` check of the master,
+//! so one frozen master or sentinel (the failure this backend exists for)
+//! blocks it for good.
+//!
+//! # What a failover does to a lock (and to its tokens)
+//! Replication is asynchronous. A grant (`INCR fence:{N}`, `SET lock:{N}`) is
+//! acknowledged by the master before any replica has it. If the master dies
+//! or is cut off before the grant reaches the replica, Sentinel promotes a
+//! replica that never saw it: the lock is free there, and its fence counter
+//! is behind by every grant it missed. A second client is then granted the
+//! same lock while the first still holds it, and with a token **equal** to
+//! (or lower than) the one the first client got, because the promoted
+//! counter re-mints the numbers it missed. A fencing storage refuses tokens
+//! *lower* than its fence; an equal one passes. So the fence refuses the old
+//! holder only once the new master has minted past the lost grants; before
+//! that, two clients write with the same number. `docs/CHAOS.md`
+//! (`sentinel-failover`) measures exactly this.
+//!
+//! `WAIT numreplicas timeout` after the grant ([`RedisSentinelLock::with_wait`])
+//! refuses (and releases) a grant that fewer replicas acknowledged in time, so
+//! nobody acts on a grant that only the master has. It does not make the lock
+//! safe: a replica that acknowledged can still lose the write (restart without
+//! persistence), Sentinel may promote another replica that did not, and a
+//! grant whose `WAIT` timed out stays on the master until the release reaches
+//! it. Redis documents `WAIT` as not making Redis strongly consistent.
+//!
+//! # Holder lookup
+//! [`HolderLookup`] asks the sentinels which server is the master **on every
+//! lookup**, then sends `ROLE` and `GET lock:{N}` to that server in one
+//! pipeline, and answers only if it still says it is the master. So after a
+//! failover that loses a grant it answers for the new master, which is what a
+//! storage asking "who holds it now" should get. Asking the sentinels each
+//! time matters: a lookup that kept its connection to the old master would
+//! keep reading there (reads are not refused with `READONLY` on a replica),
+//! and an old master that was frozen and comes back still says `master`
+//! until the sentinels demote it; either way it would name the holder the
+//! failover lost (the chaos row `sentinel-failover` met exactly this: the new
+//! holder's writes were refused with `token_not_current`). A master that no
+//! sentinel names, or a named server that is not the master, is
+//! `Unavailable`: the storage fails closed until the failover is over.
+
+use std::fmt;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client};
+
+use std::sync::Arc;
+
+use crate::redis::{lock_key, parse_owner_value, RedisLock, Source};
+use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService};
+
+/// The issuer name sent with every token of this backend. Distinct from
+/// `redis`: a storage must not compare these tokens with a standalone
+/// server's.
+pub const ISSUER: &str = "redis-sentinel";
+
+/// Deadline of each step of master discovery (connect, ask, check `ROLE`).
+const STEP_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Where the sentinels are and which master they watch.
+#[derive(Debug, Clone)]
+pub(crate) struct Discovery {
+    sentinels: Vec<String>,
+    master_name: String,
+}
+
+impl fmt::Display for Discovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "master {:?} via sentinels {}",
+            self.master_name,
+            self.sentinels.join(",")
+        )
+    }
+}
+
+impl Discovery {
+    /// A connection to the server the sentinels name as master now, checked
+    /// with `ROLE`. `Unavailable` with every sentinel's answer when none leads
+    /// to a master.
+    pub(crate) async fn master_connection(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> Result<MultiplexedConnection, LockError> {
+        let mut failures = vec![];
+        for sentinel in &self.sentinels {
+            match self.master_via(sentinel, config).await {
+                Ok(conn) => return Ok(conn),
+                Err(e) => failures.push(format!("{sentinel}: {e}")),
+            }
+        }
+        Err(LockError::unavailable(
+            ISSUER,
+            format!(
+                "no sentinel led to a master {:?}: {}",
+                self.master_name,
+                failures.join("; ")
+            ),
+        ))
+    }
+
+    /// The master's address as `sentinel` names it.
+    pub(crate) async fn master_addr(&self, sentinel: &str) -> Result<(String, u16), String> {
+        let client = Client::open(format!("redis://{sentinel}/")).map_err(|e| e.to_string())?;
+        let mut conn =
+            step(client.get_multiplexed_async_connection_with_config(&step_config())).await?;
+        let addr: Option<(String, u16)> = step(
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&self.master_name)
+                .query_async(&mut conn),
+        )
+        .await?;
+        addr.ok_or_else(|| format!("does not monitor a master named {:?}", self.master_name))
+    }
+
+    async fn master_via(
+        &self,
+        sentinel: &str,
+        config: &AsyncConnectionConfig,
+    ) -> Result<MultiplexedConnection, String> {
+        let (host, port) = self.master_addr(sentinel).await?;
+        let client = Client::open(format!("redis://{host}:{port}/")).map_err(|e| e.to_string())?;
+        let mut conn = step(client.get_multiplexed_async_connection_with_config(config))
+            .await
+            .map_err(|e| format!("master {host}:{port}: {e}"))?;
+        let role: Vec<redis::Value> = step(redis::cmd("ROLE").query_async(&mut conn))
+            .await
+            .map_err(|e| format!("master {host}:{port}: ROLE: {e}"))?;
+        let role = role
+            .first()
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .unwrap_or_default();
+        if role != "master" {
+            return Err(format!(
+                "named {host}:{port}, which is a {role:?}, not the master (failover in progress?)"
+            ));
+        }
+        Ok(conn)
+    }
+}
+
+fn step_config() -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(STEP_TIMEOUT)
+        .set_response_timeout(STEP_TIMEOUT)
+}
+
+/// One discovery step within [`STEP_TIMEOUT`].
+async fn step<T>(
+    fut: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(STEP_TIMEOUT, fut).await {
+        Err(_) => Err(format!("no answer within {STEP_TIMEOUT:?}")),
+        Ok(r) => r.map_err(|e| e.to_string()),
+    }
+}
+
+/// Check `host:port` entries (no scheme): what `REDIS_SENTINELS` holds.
+fn parse_sentinels(sentinels: &[String]) -> Result<Vec<String>, LockError> {
+    let list: Vec<String> = sentinels
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    if list.is_empty() {
+        return Err(LockError::InvalidConfig(
+            "no sentinel given (host:port list)".into(),
+        ));
+    }
+    for s in &list {
+        let ok = s
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !ok {
+            return Err(LockError::InvalidConfig(format!(
+                "sentinel {s:?} is not host:port"
+            )));
+        }
+    }
+    Ok(list)
+}
+
+/// The Redis lock on the master that Sentinel names. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisSentinelLock {
+    lock: RedisLock,
+    discovery: Discovery,
+    /// The holder lookup's connection, with the `host:port` it goes to.
+    lookup: Arc<tokio::sync::Mutex<Option<(String, MultiplexedConnection)>>>,
+}
+
+impl fmt::Debug for RedisSentinelLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSentinelLock")
+            .field("lock", &self.lock)
+            .field("discovery", &self.discovery)
+            .finish()
+    }
+}
+
+impl RedisSentinelLock {
+    /// Ask the sentinels (`host:port` each; entries may also be
+    /// comma-separated lists) for master `master_name`, connect to it and PING
+    /// it. A malformed list or an empty name is `InvalidConfig`; no sentinel
+    /// leading to a master is `Unavailable`, at once.
+    pub async fn connect(
+        sentinels: &[String],
+        master_name: &str,
+    ) -> Result<RedisSentinelLock, LockError> {
+        let sentinels = parse_sentinels(sentinels)?;
+        if master_name.trim().is_empty() {
+            return Err(LockError::InvalidConfig(
+                "sentinel master name is empty".into(),
+            ));
+        }
+        let discovery = Discovery {
+            sentinels,
+            master_name: master_name.trim().to_string(),
+        };
+        let lock = RedisLock::connect_source(Source::Sentinel(discovery.clone()), ISSUER).await?;
+        Ok(RedisSentinelLock {
+            lock,
+            discovery,
+            lookup: Arc::default(),
+        })
+    }
+
+    /// Record `id` as this client's id in every grant.
+    pub fn with_client_id(mut self, id: impl Into<String>) -> Result<Self, LockError> {
+        self.lock = self.lock.with_client_id(id)?;
+        Ok(self)
+    }
+
+    /// `WAIT replicas timeout` after every grant; a grant acknowledged by
+    /// fewer replicas is released and refused (`Unavailable`). See the module
+    /// docs for what this does not fix.
+    pub fn with_wait(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.lock = self.lock.with_wait(replicas, timeout);
+        self
+    }
+
+    /// `current_holder`: see the module docs ("Holder lookup").
+    async fn holder_on_named_master(&self, name: &str) -> Result<Option<Holder>, LockError> {
+        let master = self.current_master().await?;
+        let mut conn = {
+            let mut cached = self.lookup.lock().await;
+            match cached.as_ref() {
+                Some((addr, conn)) if *addr == master => conn.clone(),
+                _ => {
+                    *cached = None;
+                    let client = Client::open(format!("redis://{master}/"))
+                        .map_err(|e| LockError::unavailable(ISSUER, e))?;
+                    let conn =
+                        step(client.get_multiplexed_async_connection_with_config(&step_config()))
+                            .await
+                            .map_err(|e| {
+                                LockError::unavailable(ISSUER, format!("master {master}: {e}"))
+                            })?;
+                    *cached = Some((master.clone(), conn.clone()));
+                    conn
+                }
+            }
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("ROLE").cmd("GET").arg(lock_key(name));
+        let answer: Result<(Vec<redis::Value>, Option<String>), String> =
+            step(pipe.query_async(&mut conn)).await;
+        let (role, value) = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                *self.lookup.lock().await = None;
+                return Err(LockError::unavailable(
+                    ISSUER,
+                    format!("master {master}: {e}"),
+                ));
+            }
+        };
+        let role = role
+            .first()
+            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .unwrap_or_default();
+        if role != "master" {
+            *self.lookup.lock().await = None;
+            return Err(LockError::unavailable(
+                ISSUER,
+                format!(
+                    "the sentinels name {master}, which is a {role:?}, not the master \
+                     (failover in progress?)"
+                ),
+            ));
+        }
+        match value {
+            None => Ok(None),
+            Some(v) => parse_owner_value(&v).map(Some).ok_or_else(|| {
+                LockError::protocol(ISSUER, format!("lock value {v:?} names no holder"))
+            }),
+        }
+    }
+
+    /// The master's `host:port` as the first answering sentinel names it now.
+    pub async fn current_master(&self) -> Result<String, LockError> {
+        let mut failures = vec![];
+        for s in &self.discovery.sentinels {
+            match self.discovery.master_addr(s).await {
+                Ok((host, port)) => return Ok(format!("{host}:{port}")),
+                Err(e) => failures.push(format!("{s}: {e}")),
+            }
+        }
+        Err(LockError::unavailable(ISSUER, failures.join("; ")))
+    }
+}
+
+impl LockService for RedisSentinelLock {
+    fn issuer(&self) -> &str {
+        ISSUER
+    }
+
+    fn client_id(&self) -> &str {
+        LockService::client_id(&self.lock)
+    }
+
+    fn acquire_with<'a>(
+        &'a self,
+        name: &'a str,
+        opts: AcquireOptions,
+    ) -> BoxFuture<'a, Result<Lease, LockError>> {
+        self.lock.acquire_with(name, opts)
+    }
+}
+
+impl HolderLookup for RedisSentinelLock {
+    fn issuer(&self) -> &str {
+        ISSUER
+    }
+
+    fn current_holder<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
+        Box::pin(self.holder_on_named_master(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_lists_are_host_port_entries() {
+        let list = parse_sentinels(&["127.0.0.1:26379, s2:26380".into(), "s3:1".into()]);
+        assert_eq!(
+            list,
+            Ok(vec![
+                "127.0.0.1:26379".to_string(),
+                "s2:26380".into(),
+                "s3:1".into()
+            ])
+        );
+        assert!(matches!(
+            parse_sentinels(&["redis://x".into()]),
+            Err(LockError::InvalidConfig(_))
+        ));
+        assert!(matches!(
+            parse_sentinels(&[" ".into()]),
+            Err(LockError::InvalidConfig(_))
+        ));
+    }
+}

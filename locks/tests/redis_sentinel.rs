@@ -1,0 +1,172 @@
+//! The Sentinel backend against a real group: a master, its replica and three
+//! sentinels (harness::SentinelGroup).
+
+use std::time::Duration;
+
+use fencelock::redis::lock_key;
+use fencelock::redis_sentinel::{RedisSentinelLock, ISSUER};
+use fencelock::{AcquireOptions, Holder, HolderLookup, LockError, LockService};
+use harness::SentinelGroup;
+
+const FAILOVER: Duration = Duration::from_secs(30);
+
+async fn client(group: &SentinelGroup, id: &str) -> RedisSentinelLock {
+    RedisSentinelLock::connect(&group.sentinel_addrs(), group.master_name())
+        .await
+        .expect("connect through the sentinels")
+        .with_client_id(id)
+        .unwrap()
+}
+
+fn held(ttl: Duration) -> AcquireOptions {
+    AcquireOptions::new(ttl).auto_renew(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_loses_a_grant_hands_the_lock_and_its_token_to_a_second_client() {
+    let mut group = SentinelGroup::start().await;
+    let a = client(&group, "a").await;
+    // A storage's lookup, connected before the failover (as a gateway's is).
+    let storage = client(&group, "storage").await;
+    // One grant that does reach the replica: the counter there is 1.
+    let first = a
+        .acquire_with("x", held(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(first.issuer(), ISSUER);
+    assert_eq!(first.token().unwrap().get(), 1);
+    first.release().await.unwrap();
+    group.wait_in_sync(0, 1, FAILOVER).await.unwrap();
+
+    // The replica stops taking the stream; a's next grant lives on the master only.
+    group.detach_replica(1, 0).await.unwrap();
+    let lost = a
+        .acquire_with("x", held(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(lost.token().unwrap().get(), 2);
+    assert_eq!(
+        storage.current_holder("x").await.unwrap(),
+        Some(Holder {
+            client_id: "a".into(),
+            token: lost.token().unwrap()
+        })
+    );
+    group.freeze(0);
+    group.thaw(1);
+    group.wait_master(1, FAILOVER).await.unwrap();
+
+    // b connects after the failover: the sentinels name the promoted replica,
+    // where the lock is free and the counter still says 1.
+    let b = client(&group, "b").await;
+    let second = b
+        .acquire_with(
+            "x",
+            held(Duration::from_secs(30)).wait(Duration::from_secs(10)),
+        )
+        .await
+        .expect("the promoted replica grants the lock a still holds");
+    assert_eq!(
+        second.token(),
+        lost.token(),
+        "the promoted replica re-mints the token of the grant it never saw"
+    );
+    assert!(!lost.is_lost(), "a still trusts its lease: two holders");
+    assert_eq!(
+        b.current_holder("x").await.unwrap(),
+        Some(Holder {
+            client_id: "b".into(),
+            token: second.token().unwrap()
+        })
+    );
+    // a's own client follows the failover too: its renewal is refused there.
+    let renewed = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match lost.renew().await {
+                Err(LockError::NotHeld { .. }) => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Ok(_) => panic!("a renewed a grant the new master never had"),
+            }
+        }
+    })
+    .await;
+    assert!(renewed.is_ok(), "a's renewal never reached the new master");
+    // The old master comes back, still holding a's grant until the sentinels
+    // demote it and it resyncs: the storage's lookup, whose connection went
+    // there, must ask the master the sentinels name now, and name b.
+    group.thaw(0);
+    assert_eq!(
+        storage.current_holder("x").await.unwrap(),
+        Some(Holder {
+            client_id: "b".into(),
+            token: second.token().unwrap()
+        }),
+        "the lookup read the old master"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_refuses_and_releases_a_grant_that_no_replica_acknowledged() {
+    let mut group = SentinelGroup::start().await;
+    let waiting = client(&group, "w")
+        .await
+        .with_wait(1, Duration::from_millis(200));
+    // With the replica in sync, WAIT 1 passes.
+    let lease = waiting
+        .acquire_with("y", held(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+
+    group.freeze(1);
+    let refused = waiting
+        .acquire_with("y", held(Duration::from_secs(5)))
+        .await
+        .unwrap_err();
+    match &refused {
+        LockError::Unavailable { service, detail } => {
+            assert_eq!(service, ISSUER);
+            assert!(detail.contains("reached 0 of 1 replica"), "{detail}");
+            assert!(detail.contains("released"), "{detail}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    // Nothing is left on the master: the next client is not blocked.
+    let mut raw = redis::Client::open(group.node_url(0))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key: Option<String> = redis::cmd("GET")
+        .arg(lock_key("y"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(key, None);
+    group.thaw(1);
+    group.wait_in_sync(0, 1, FAILOVER).await.unwrap();
+    waiting
+        .acquire_with("y", held(Duration::from_secs(5)))
+        .await
+        .expect("granted once the replica acknowledges again")
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn no_sentinel_answering_is_unavailable_at_once_and_a_bad_list_is_invalid() {
+    let port = harness::free_port();
+    let err = RedisSentinelLock::connect(&[format!("127.0.0.1:{port}")], "mymaster")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    let err = RedisSentinelLock::connect(&["redis://nope".into()], "mymaster")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidConfig(_)), "{err:?}");
+    let err = RedisSentinelLock::connect(&["127.0.0.1:1".into()], " ")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::InvalidConfig(_)), "{err:?}");
+}

@@ -1,0 +1,389 @@
+//! A Redis Sentinel group from Debian's `redis-server` / `redis-sentinel`: a
+//! master, one replica, three sentinels (quorum 2), each on a free port with
+//! its own writable config file in one temp dir, and the controls a failover
+//! test needs: freeze (SIGSTOP) and thaw a node, kill and restart it, wait
+//! for the replica to catch up, wait for the sentinels to name a new master.
+//!
+//! Timing: `down-after-milliseconds` 1000 and `failover-timeout` 4000, so a
+//! frozen master is replaced in about 2 s.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use tempfile::TempDir;
+
+use crate::process::{find_binary, free_port, wait_until, Recipe, ServiceProcess};
+
+/// The master name the sentinels monitor (the worker's default too).
+pub const MASTER_NAME: &str = "mymaster";
+/// How long a master may not answer before a sentinel thinks it down.
+pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
+
+/// One data node (master or replica) or sentinel.
+struct Node {
+    process: ServiceProcess,
+    port: u16,
+}
+
+/// Two data nodes (index 0 starts as master, 1 as its replica) and three
+/// sentinels. Everything is killed on drop.
+pub struct SentinelGroup {
+    nodes: Vec<Node>,
+    sentinels: Vec<Node>,
+    _dir: TempDir,
+}
+
+impl SentinelGroup {
+    /// Start the master, the replica and the sentinels, and wait until the
+    /// replica is in sync and every sentinel knows the replica and the two
+    /// other sentinels (a failover needs their votes).
+    pub async fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("harness-sentinel-")
+            .tempdir()
+            .expect("temp dir");
+        let redis_server = find_binary("redis-server", &["/usr/bin", "/usr/local/bin"]);
+        let master_port = free_port();
+        let mut nodes = vec![];
+        for (i, port) in [master_port, free_port()].into_iter().enumerate() {
+            let node_dir = dir.path().join(format!("node{i}"));
+            std::fs::create_dir_all(&node_dir).expect("node dir");
+            let mut conf = format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nsave \"\"\nappendonly no\ndaemonize no\n",
+                node_dir.display()
+            );
+            if i == 1 {
+                conf.push_str(&format!("replicaof 127.0.0.1 {master_port}\n"));
+            }
+            let cfg = node_dir.join("redis.conf");
+            std::fs::write(&cfg, conf).expect("write redis.conf");
+            let recipe = Recipe {
+                program: redis_server.clone(),
+                args: vec![cfg.display().to_string()],
+                env: vec![],
+                user: None,
+                log: node_dir.join("redis.log"),
+            };
+            let process = ServiceProcess::spawn(format!("redis-node{i}"), recipe)
+                .expect("spawn redis-server");
+            nodes.push(Node { process, port });
+        }
+        let mut sentinels = vec![];
+        for i in 0..3 {
+            let port = free_port();
+            let s_dir = dir.path().join(format!("sentinel{i}"));
+            std::fs::create_dir_all(&s_dir).expect("sentinel dir");
+            // Sentinel rewrites its config file (what it learned, its votes):
+            // each one gets its own writable copy.
+            let cfg = s_dir.join("sentinel.conf");
+            std::fs::write(
+                &cfg,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {}\n\
+                     sentinel resolve-hostnames no\n\
+                     sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds {MASTER_NAME} {}\n\
+                     sentinel failover-timeout {MASTER_NAME} 4000\n\
+                     sentinel parallel-syncs {MASTER_NAME} 1\n",
+                    s_dir.display(),
+                    DOWN_AFTER.as_millis()
+                ),
+            )
+            .expect("write sentinel.conf");
+            sentinels.push(Node {
+                process: ServiceProcess::spawn(format!("redis-sentinel{i}"), sentinel_recipe(&cfg))
+                    .expect("spawn redis-sentinel"),
+                port,
+            });
+        }
+        let me = Self {
+            nodes,
+            sentinels,
+            _dir: dir,
+        };
+        me.wait_ready(Duration::from_secs(40)).await;
+        me
+    }
+
+    /// `127.0.0.1:P` of each sentinel: what `REDIS_SENTINELS` takes.
+    pub fn sentinel_addrs(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect()
+    }
+
+    pub fn master_name(&self) -> &str {
+        MASTER_NAME
+    }
+
+    /// The port of data node `i` (0: the first master, 1: its replica).
+    pub fn node_port(&self, i: usize) -> u16 {
+        self.nodes[i].port
+    }
+
+    pub fn node_url(&self, i: usize) -> String {
+        format!("redis://127.0.0.1:{}/", self.nodes[i].port)
+    }
+
+    pub fn node(&mut self, i: usize) -> &mut ServiceProcess {
+        &mut self.nodes[i].process
+    }
+
+    /// SIGSTOP data node `i`: it keeps its sockets and answers nothing, as a
+    /// long GC-like stall or a cut cable would look from outside.
+    pub fn freeze(&mut self, i: usize) {
+        self.nodes[i].process.pause();
+    }
+
+    /// Stop replica `replica` from receiving anything more from master
+    /// `master`: freeze it, then have the master close its replication link
+    /// (`CLIENT KILL TYPE replica`). Freezing alone is not enough: the
+    /// kernel keeps receiving the stream into the frozen replica's socket
+    /// buffer, and it applies all of it when thawed. Writes the master
+    /// acknowledges from now on exist on the master only, until the replica
+    /// reconnects (thaw it to let it try).
+    pub async fn detach_replica(&mut self, replica: usize, master: usize) -> Result<(), String> {
+        self.freeze(replica);
+        let killed: i64 = query(
+            self.nodes[master].port,
+            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
+        )
+        .await?;
+        if killed < 1 {
+            return Err(format!("master {master} had no replica link to close"));
+        }
+        Ok(())
+    }
+
+    pub fn thaw(&mut self, i: usize) {
+        self.nodes[i].process.resume();
+    }
+
+    /// SIGKILL data node `i` (no persistence: it restarts empty).
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].process.kill();
+    }
+
+    /// Start data node `i` again from its config file (which the sentinels
+    /// may have rewritten, e.g. into a replica of the new master).
+    pub async fn start_again(&mut self, i: usize) {
+        self.nodes[i].process.start().expect("restart redis node");
+        let port = self.nodes[i].port;
+        if let Err(e) = wait_until(Duration::from_secs(15), || role(port)).await {
+            panic!("redis node {i} did not come back: {e}\n{}", self.logs(20));
+        }
+    }
+
+    /// Which data node the sentinels name as master: the answer of a majority
+    /// of them, or `None` while they disagree or do not answer.
+    pub async fn named_master(&self) -> Option<usize> {
+        let mut votes: HashMap<u16, usize> = HashMap::new();
+        for s in &self.sentinels {
+            if let Ok(port) = named_master_port(s.port).await {
+                *votes.entry(port).or_default() += 1;
+            }
+        }
+        let (port, n) = votes.into_iter().max_by_key(|(_, n)| *n)?;
+        if n < 2 {
+            return None;
+        }
+        self.nodes.iter().position(|node| node.port == port)
+    }
+
+    /// Wait until a majority of the sentinels name node `i` as master and
+    /// node `i` itself answers `ROLE` with `master`: the failover is done.
+    pub async fn wait_master(&self, i: usize, timeout: Duration) -> Result<(), String> {
+        let port = self.nodes[i].port;
+        wait_until(timeout, || async move {
+            if self.named_master().await != Some(i) {
+                return Err(format!(
+                    "the sentinels do not name node {i} (port {port}) yet"
+                ));
+            }
+            match role(port).await {
+                Ok(r) if r == "master" => Ok(()),
+                Ok(r) => Err(format!("node {i} is a {r}")),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+        .map_err(|e| format!("{e}\n{}", self.logs(15)))
+    }
+
+    /// Wait until replica `replica` has acknowledged everything master
+    /// `master` wrote (its offset equals the master's).
+    pub async fn wait_in_sync(
+        &self,
+        master: usize,
+        replica: usize,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let (m, r) = (self.nodes[master].port, self.nodes[replica].port);
+        wait_until(timeout, || async move {
+            let info = info_replication(m).await?;
+            let master_offset = field(&info, "master_repl_offset").unwrap_or_default();
+            let acked = info
+                .lines()
+                .filter(|l| l.starts_with("slave"))
+                .find(|l| l.contains(&format!("port={r},")))
+                .and_then(|l| {
+                    l.split(',')
+                        .find_map(|kv| kv.strip_prefix("offset="))
+                        .map(str::to_string)
+                });
+            match acked {
+                Some(o) if o == master_offset && replica_online(&info, r) => Ok(()),
+                other => Err(format!(
+                    "replica on {r} at offset {other:?}, master at {master_offset}"
+                )),
+            }
+        })
+        .await
+    }
+
+    /// Wait until the group is as [`SentinelGroup::start`] leaves it.
+    async fn wait_ready(&self, timeout: Duration) {
+        let master = self.nodes[0].port;
+        let sentinels: Vec<u16> = self.sentinels.iter().map(|s| s.port).collect();
+        let ready = wait_until(timeout, || {
+            let sentinels = sentinels.clone();
+            async move {
+                if role(master).await? != "master" {
+                    return Err("node 0 is not master".to_string());
+                }
+                for s in sentinels {
+                    let m = sentinel_master(s).await?;
+                    let n = |k: &str| m.get(k).cloned().unwrap_or_default();
+                    if n("num-slaves") != "1" || n("num-other-sentinels") != "2" {
+                        return Err(format!(
+                            "sentinel {s}: {} replica(s), {} other sentinel(s)",
+                            n("num-slaves"),
+                            n("num-other-sentinels")
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        })
+        .await;
+        if let Err(e) = ready.and(self.wait_in_sync(0, 1, timeout).await) {
+            panic!("sentinel group not ready: {e}\n{}", self.logs(30));
+        }
+    }
+
+    /// The last `n` lines of every log, for panic messages.
+    pub fn logs(&self, n: usize) -> String {
+        self.nodes
+            .iter()
+            .chain(&self.sentinels)
+            .map(|node| {
+                format!(
+                    "--- {} log ---\n{}",
+                    node.process.name(),
+                    node.process.log_tail(n)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn replica_online(info: &str, replica_port: u16) -> bool {
+    info.lines()
+        .any(|l| l.contains(&format!("port={replica_port},")) && l.contains("state=online"))
+}
+
+/// `redis-sentinel CONF` when Debian's `redis-sentinel` is installed, else
+/// `redis-server CONF --sentinel` (the same binary in sentinel mode).
+fn sentinel_recipe(cfg: &Path) -> Recipe {
+    let log = cfg.with_file_name("sentinel.log");
+    let dedicated = ["/usr/bin/redis-sentinel", "/usr/local/bin/redis-sentinel"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file());
+    match dedicated {
+        Some(bin) => Recipe {
+            program: bin.to_path_buf(),
+            args: vec![cfg.display().to_string()],
+            env: vec![],
+            user: None,
+            log,
+        },
+        None => Recipe {
+            program: find_binary("redis-server", &["/usr/bin", "/usr/local/bin"]),
+            args: vec![cfg.display().to_string(), "--sentinel".into()],
+            env: vec![],
+            user: None,
+            log,
+        },
+    }
+}
+
+const STEP: Duration = Duration::from_millis(500);
+
+async fn conn(port: u16) -> Result<MultiplexedConnection, String> {
+    let client =
+        redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(STEP)
+        .set_response_timeout(STEP);
+    tokio::time::timeout(
+        STEP,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .map_err(|_| format!("port {port}: connect timed out"))?
+    .map_err(|e| format!("port {port}: {e}"))
+}
+
+async fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Result<T, String> {
+    let mut c = conn(port).await?;
+    tokio::time::timeout(STEP, cmd.query_async(&mut c))
+        .await
+        .map_err(|_| format!("port {port}: no answer"))?
+        .map_err(|e| format!("port {port}: {e}"))
+}
+
+/// The first word of `ROLE`: `master`, `slave` or `sentinel`.
+pub async fn role(port: u16) -> Result<String, String> {
+    let v: Vec<redis::Value> = query(port, &redis::cmd("ROLE")).await?;
+    v.first()
+        .and_then(|v| redis::from_redis_value::<String>(v).ok())
+        .ok_or_else(|| format!("port {port}: empty ROLE"))
+}
+
+async fn info_replication(port: u16) -> Result<String, String> {
+    query(port, redis::cmd("INFO").arg("replication")).await
+}
+
+fn field(info: &str, key: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .map(|v| v.trim().to_string())
+}
+
+/// The port the sentinel on `port` names as master.
+async fn named_master_port(port: u16) -> Result<u16, String> {
+    let addr: Option<(String, u16)> = query(
+        port,
+        redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(MASTER_NAME),
+    )
+    .await?;
+    addr.map(|(_, p)| p)
+        .ok_or_else(|| format!("sentinel {port} knows no master"))
+}
+
+/// `SENTINEL master NAME` as a map.
+async fn sentinel_master(port: u16) -> Result<HashMap<String, String>, String> {
+    let flat: Vec<String> =
+        query(port, redis::cmd("SENTINEL").arg("master").arg(MASTER_NAME)).await?;
+    Ok(flat
+        .chunks(2)
+        .filter_map(|kv| Some((kv.first()?.clone(), kv.get(1)?.clone())))
+        .collect())
+}
