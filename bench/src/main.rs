@@ -4,7 +4,7 @@
 //!
 //! # Layout
 //! - `stats.rs`: samples, quantiles, medians.
-//! - `gateway.rs`: fenced PUTs through the gateway beside pgbench running the same SQL.
+//! - `gateway.rs`: fenced PUTs through the gateway beside pgbench running the minimal same-work statement and the gateway's own.
 //! - `trust.rs`: fenced PUTs with real grants, without and with keys and issuer checks.
 //! - `locks.rs`: Redis and lease-table backends beside redis-benchmark, pgbench and Python's redis Lock.
 //! - `zookeeper.rs`: the ZooKeeper lock beside kazoo and raw create/delete.
@@ -37,7 +37,7 @@ struct Cli {
 enum What {
     /// Redis and lease-table locks beside redis-benchmark, pgbench, mariadb-slap and Python's redis Lock.
     Locks(locks::Args),
-    /// Fenced PUTs through the gateway beside pgbench running the same SQL.
+    /// Fenced PUTs through the gateway beside pgbench running the minimal same-work statement and the gateway's own.
     Gateway(gateway::Args),
     /// What the issuer check costs: fenced PUTs with real grants per backend,
     /// without keys, with keys, with keys and the issuer check.

@@ -8,6 +8,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::auth::{AuthMode, KeyRing};
+use crate::db::PoolOptions;
+use crate::http::Deadlines;
 use crate::issuers::IssuerSpec;
 use crate::server::ServeOptions;
 use crate::trust::TrustOptions;
@@ -100,6 +102,22 @@ pub struct Config {
     /// an idle keep-alive connection is kept); then the connection is closed.
     #[arg(long, env = "GATEWAY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_read_timeout: Duration,
+    /// Longest a request may take. Past it, a request that has not sent its
+    /// statement yet is answered 504 `timeout` (nothing written).
+    #[arg(long, env = "GATEWAY_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    /// How much longer a request whose statement was already sent waits for
+    /// it past the request timeout: its result if it finishes by then, else
+    /// 504 `outcome_unknown` (it may still commit; the client reads to know).
+    #[arg(long, env = "GATEWAY_OUTCOME_WAIT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub outcome_wait: Duration,
+    /// A database connection idle for longer than this is pinged before it
+    /// is reused (a busy one is not).
+    #[arg(long, env = "GATEWAY_DB_IDLE_CHECK", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub db_idle_check: Duration,
+    /// Database connections older than this are closed instead of reused.
+    #[arg(long, env = "GATEWAY_DB_MAX_LIFETIME", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub db_max_lifetime: Duration,
 }
 
 impl Config {
@@ -149,6 +167,23 @@ impl Config {
             header_read_timeout: self.header_read_timeout,
         }
     }
+
+    /// The request pool's settings.
+    pub fn pool_options(&self) -> PoolOptions {
+        PoolOptions {
+            max_connections: self.db_pool_size,
+            check_after_idle: self.db_idle_check,
+            max_lifetime: self.db_max_lifetime,
+            ..PoolOptions::default()
+        }
+    }
+
+    pub fn deadlines(&self) -> Deadlines {
+        Deadlines {
+            request: self.request_timeout,
+            outcome_wait: self.outcome_wait,
+        }
+    }
 }
 
 /// Everything [`crate::spawn_with_options`] needs besides the database: the
@@ -171,9 +206,13 @@ impl Config {
 #[derive(Debug, Clone)]
 pub struct GatewayOptions {
     pub fencing: FenceCheck,
+    /// PostgreSQL connections (wins over `pool.max_connections`).
     pub pool_size: u32,
+    /// The request pool's checks and timeouts.
+    pub pool: PoolOptions,
     pub trust: TrustOptions,
     pub serve: ServeOptions,
+    pub deadlines: Deadlines,
     /// The first invalid key or issuer given, reported by the spawn.
     error: Option<String>,
 }
@@ -185,8 +224,10 @@ impl GatewayOptions {
         GatewayOptions {
             fencing,
             pool_size: DEFAULT_POOL_SIZE,
+            pool: PoolOptions::default(),
             trust: TrustOptions::off(),
             serve: ServeOptions::default(),
+            deadlines: Deadlines::default(),
             error: None,
         }
     }
@@ -196,8 +237,10 @@ impl GatewayOptions {
         Ok(GatewayOptions {
             fencing: config.fencing,
             pool_size: config.db_pool_size,
+            pool: config.pool_options(),
             trust: config.trust_options()?,
             serve: config.serve_options(),
+            deadlines: config.deadlines(),
             error: None,
         })
     }
@@ -248,6 +291,33 @@ impl GatewayOptions {
 
     pub fn pool_size(mut self, n: u32) -> Self {
         self.pool_size = n;
+        self
+    }
+
+    /// The request pool's checks and timeouts (its size stays `pool_size`).
+    pub fn pool_options(mut self, pool: PoolOptions) -> Self {
+        self.pool = pool;
+        self
+    }
+
+    /// The request pool as spawned: `pool` with `pool_size` connections.
+    pub fn pool_options_resolved(&self) -> PoolOptions {
+        PoolOptions {
+            max_connections: self.pool_size,
+            ..self.pool
+        }
+    }
+
+    /// Longest a request may take before 504 `timeout` (statement not sent).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.deadlines.request = timeout;
+        self
+    }
+
+    /// How long past the request timeout a sent statement is waited for
+    /// before 504 `outcome_unknown`.
+    pub fn outcome_wait(mut self, wait: Duration) -> Self {
+        self.deadlines.outcome_wait = wait;
         self
     }
 

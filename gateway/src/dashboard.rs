@@ -81,7 +81,9 @@ use chrono::{DateTime, Utc};
 use futures::stream::{self, Stream};
 use serde::{Deserialize, Serialize};
 
-use crate::db::Db;
+use tokio_postgres::types::Type;
+
+use crate::db::{self, Db, DbError, Sql};
 use crate::error::ApiError;
 use crate::http::QueryParams;
 use crate::store::Fence;
@@ -149,7 +151,7 @@ fn asset(content_type: &'static str, text: &'static str) -> Response {
 // ---- what the stream sends ----
 
 /// One attempt on a page: a row of `page_history`.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Attempt {
     pub seq: i64,
     #[serde(skip)]
@@ -167,7 +169,7 @@ pub struct Attempt {
 }
 
 /// A page's line in the page list.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PageCounters {
     pub id: String,
     /// PUTs that landed (`accepted` or `stale`).
@@ -333,62 +335,117 @@ impl Tail {
 
 // ---- queries ----
 
-const ATTEMPT_COLUMNS: &str =
-    "id as seq, page_id, at, method, outcome, token, issuer, client_id, version, fence_token";
-
-/// Rows after `high` (a primary-key range scan), and the gaps, by id.
-async fn poll_rows(db: &Db, high: i64, gaps: &[i64]) -> Result<Vec<Attempt>, sqlx::Error> {
-    let sql = format!(
-        "select * from (
-             (select {ATTEMPT_COLUMNS} from page_history where id > $1 order by id limit $2)
-             union all
-             (select {ATTEMPT_COLUMNS} from page_history where id = any($3) and id <= $1)
-         ) t order by seq"
-    );
-    let mut conn = db.acquire().await?;
-    let result = sqlx::query_as(&sql)
-        .bind(high)
-        .bind(TAIL_BATCH)
-        .bind(gaps)
-        .fetch_all(&mut *conn)
-        .await;
-    conn.finish(result)
+/// The columns of an [`Attempt`], in [`attempt_of`]'s order (a macro, so
+/// that the statements stay `&'static str`: prepared once per connection).
+macro_rules! attempt_columns {
+    () => {
+        "id, page_id, at, method, outcome, token, issuer, client_id, version, fence_token"
+    };
 }
 
-/// id, version, fence issuer, fence token, whether the version is new, and
-/// then the body.
-type PageRow = (
-    String,
-    i64,
-    Option<String>,
-    Option<i64>,
-    bool,
-    Option<String>,
-);
+fn attempt_of(r: &tokio_postgres::Row) -> Result<Attempt, DbError> {
+    Ok(Attempt {
+        seq: db::get(r, 0)?,
+        page_id: db::get(r, 1)?,
+        at: db::get(r, 2)?,
+        method: db::get(r, 3)?,
+        outcome: db::get(r, 4)?,
+        token: db::get(r, 5)?,
+        issuer: db::get(r, 6)?,
+        client_id: db::get(r, 7)?,
+        version: db::get(r, 8)?,
+        fence_token: db::get(r, 9)?,
+    })
+}
+
+static POLL: Sql = Sql {
+    text: concat!(
+        "select * from (
+             (select ",
+        attempt_columns!(),
+        " from page_history where id > $1 order by id limit $2)
+             union all
+             (select ",
+        attempt_columns!(),
+        " from page_history where id = any($3) and id <= $1)
+         ) t order by id"
+    ),
+    types: &[Type::INT8, Type::INT8, Type::INT8_ARRAY],
+};
+
+/// Rows after `high` (a primary-key range scan), and the gaps, by id.
+async fn poll_rows(db: &Db, high: i64, gaps: &[i64]) -> Result<Vec<Attempt>, DbError> {
+    let mut conn = db.acquire().await?;
+    conn.query(&POLL, &[&high, &TAIL_BATCH, &gaps])
+        .await?
+        .iter()
+        .map(attempt_of)
+        .collect()
+}
+
+static PAGE_NOW: Sql = Sql {
+    text: "select id, version, fence_issuer, fence_token, version is distinct from $2,
+                  case when version is distinct from $2 then body end
+           from pages where id = $1",
+    types: &[Type::TEXT, Type::INT8],
+};
 
 /// The page's row; its body only if its version is not `sent` (the body is
 /// not even read from the table then).
-async fn page_now(db: &Db, id: &str, sent: Option<i64>) -> Result<Option<PageNow>, sqlx::Error> {
+async fn page_now(db: &Db, id: &str, sent: Option<i64>) -> Result<Option<PageNow>, DbError> {
     let mut conn = db.acquire().await?;
-    let result = sqlx::query_as(
-        "select id, version, fence_issuer, fence_token, version is distinct from $2,
-                case when version is distinct from $2 then body end
-         from pages where id = $1",
-    )
-    .bind(id)
-    .bind(sent)
-    .fetch_optional(&mut *conn)
-    .await;
-    let row: Option<PageRow> = conn.finish(result)?;
-    Ok(row.map(|(id, version, issuer, token, new, body)| PageNow {
-        id,
-        version,
+    let Some(r) = conn.query_opt(&PAGE_NOW, &[&id, &sent]).await? else {
+        return Ok(None);
+    };
+    let issuer: Option<String> = db::get(&r, 2)?;
+    let token: Option<i64> = db::get(&r, 3)?;
+    let new: bool = db::get(&r, 4)?;
+    let body: Option<String> = db::get(&r, 5)?;
+    Ok(Some(PageNow {
+        id: db::get(&r, 0)?,
+        version: db::get(&r, 1)?,
         fence: issuer
             .zip(token.and_then(|t| fencelock::Token::try_from(t).ok()))
             .map(|(issuer, token)| Fence { issuer, token }),
         body: new.then_some(body),
     }))
 }
+
+static TOP_IDS: Sql = Sql {
+    text: "select id from page_history
+           where id > (select coalesce(max(id), 0) from page_history) - $1 order by id",
+    types: &[Type::INT8],
+};
+
+static COUNTERS: Sql = Sql {
+    text: "select page_id,
+                  count(*) filter (where method = 'PUT' and outcome in ('accepted', 'stale')),
+                  count(*) filter (where method <> 'PUT' and outcome in ('accepted', 'stale')),
+                  count(*) filter (where outcome not in ('accepted', 'stale')),
+                  count(*) filter (where method = 'PUT' and outcome = 'stale'),
+                  max(id)
+           from page_history
+           where id <= $1 and not (id > $2 and id = any($3))
+           group by page_id order by page_id",
+    types: &[Type::INT8, Type::INT8, Type::INT8_ARRAY],
+};
+
+static PAGE_ATTEMPTS: Sql = Sql {
+    text: concat!(
+        "select ",
+        attempt_columns!(),
+        " from page_history
+         where page_id = $1 and id <= $2 and not (id > $3 and id = any($4))
+         order by id desc limit $5"
+    ),
+    types: &[
+        Type::TEXT,
+        Type::INT8,
+        Type::INT8,
+        Type::INT8_ARRAY,
+        Type::INT8,
+    ],
+};
 
 /// The first message, and the tail that continues exactly after it.
 ///
@@ -400,16 +457,15 @@ pub async fn snapshot(
     db: &Db,
     page: Option<&str>,
     fencing: FenceCheck,
-) -> Result<(Snapshot, Tail), sqlx::Error> {
+) -> Result<(Snapshot, Tail), DbError> {
     let mut conn = db.acquire().await?;
-    let result = sqlx::query_scalar(
-        "select id from page_history
-         where id > (select coalesce(max(id), 0) from page_history) - $1 order by id",
-    )
-    .bind(GAP_WINDOW)
-    .fetch_all(&mut *conn)
-    .await;
-    let top: Vec<i64> = conn.finish(result)?;
+    let top: Vec<i64> = conn
+        .query(&TOP_IDS, &[&GAP_WINDOW])
+        .await?
+        .iter()
+        .map(|r| db::get(r, 0))
+        .collect::<Result<_, _>>()?;
+    drop(conn);
     let high = top.last().copied().unwrap_or(0);
     let window = high - GAP_WINDOW;
     let gaps: Vec<i64> = ((window + 1).max(1)..high)
@@ -417,23 +473,22 @@ pub async fn snapshot(
         .collect();
 
     let mut conn = db.acquire().await?;
-    let result = sqlx::query_as(
-        "select page_id as id,
-                count(*) filter (where method = 'PUT' and outcome in ('accepted', 'stale')) as writes,
-                count(*) filter (where method <> 'PUT' and outcome in ('accepted', 'stale')) as reads,
-                count(*) filter (where outcome not in ('accepted', 'stale')) as refused,
-                count(*) filter (where method = 'PUT' and outcome = 'stale') as lost_updates,
-                max(id) as last_seq
-         from page_history
-         where id <= $1 and not (id > $2 and id = any($3))
-         group by page_id order by page_id",
-    )
-    .bind(high)
-    .bind(window)
-    .bind(&gaps)
-    .fetch_all(&mut *conn)
-    .await;
-    let pages: Vec<PageCounters> = conn.finish(result)?;
+    let pages: Vec<PageCounters> = conn
+        .query(&COUNTERS, &[&high, &window, &gaps])
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(PageCounters {
+                id: db::get(r, 0)?,
+                writes: db::get(r, 1)?,
+                reads: db::get(r, 2)?,
+                refused: db::get(r, 3)?,
+                lost_updates: db::get(r, 4)?,
+                last_seq: db::get(r, 5)?,
+            })
+        })
+        .collect::<Result<_, DbError>>()?;
+    drop(conn);
 
     // Without a choice: the page accessed last.
     let page = page.map(str::to_owned).or_else(|| {
@@ -446,19 +501,16 @@ pub async fn snapshot(
     let mut now_row = None;
     if let Some(id) = &page {
         let mut conn = db.acquire().await?;
-        let result = sqlx::query_as(&format!(
-            "select {ATTEMPT_COLUMNS} from page_history
-             where page_id = $1 and id <= $2 and not (id > $3 and id = any($4))
-             order by id desc limit $5"
-        ))
-        .bind(id)
-        .bind(high)
-        .bind(window)
-        .bind(&gaps)
-        .bind(SNAPSHOT_ATTEMPTS)
-        .fetch_all(&mut *conn)
-        .await;
-        attempts = conn.finish(result)?;
+        attempts = conn
+            .query(
+                &PAGE_ATTEMPTS,
+                &[&id, &high, &window, &gaps, &SNAPSHOT_ATTEMPTS],
+            )
+            .await?
+            .iter()
+            .map(attempt_of)
+            .collect::<Result<_, _>>()?;
+        drop(conn);
         attempts.reverse();
         now_row = Some(page_now(db, id, None).await?.unwrap_or_else(|| PageNow {
             id: id.clone(),
@@ -486,7 +538,7 @@ pub async fn snapshot(
 
 /// Poll once: `None` when nothing was committed since the last poll. The
 /// flag says the batch was full (poll again without waiting).
-pub async fn poll(db: &Db, tail: &mut Tail) -> Result<(Option<Update>, bool), sqlx::Error> {
+pub async fn poll(db: &Db, tail: &mut Tail) -> Result<(Option<Update>, bool), DbError> {
     let rows = poll_rows(db, tail.high, &tail.gaps()).await?;
     let high = tail.high;
     let full = rows.iter().filter(|r| r.seq > high).count() as i64 >= TAIL_BATCH;
@@ -602,7 +654,7 @@ fn json_event(name: &str, data: &impl Serialize) -> Event {
 }
 
 /// The stream ends after this; the browser reconnects and starts over.
-fn problem(e: sqlx::Error) -> Event {
+fn problem(e: DbError) -> Event {
     tracing::warn!(error = %e, "dashboard stream stopped on a database error");
     Event::default()
         .event("problem")

@@ -9,6 +9,7 @@ use axum::Json;
 use fencelock::Token;
 use serde_json::{json, Map, Value};
 
+use crate::db::DbError;
 use crate::metrics::Outcome;
 use crate::store::Fence;
 
@@ -78,12 +79,24 @@ pub enum ApiError {
     /// 415 `unsupported_media_type`: the body must be `application/json`.
     #[error("expected a request with Content-Type: application/json")]
     UnsupportedMediaType,
-    /// 503 `database_unavailable`: PostgreSQL cannot be reached (or the pool timed out).
+    /// 503 `database_unavailable`: PostgreSQL cannot be reached (or no live
+    /// connection could be had in time). Nothing was written.
     #[error("the database is unavailable; retry later")]
-    DatabaseUnavailable(#[source] sqlx::Error),
-    /// 504 `timeout`: the request took longer than the gateway's limit.
-    #[error("the request took too long")]
+    DatabaseUnavailable(#[source] DbError),
+    /// 504 `timeout`: the request's deadline passed before its statement was
+    /// sent to the database: the page was not written.
+    #[error("the request took too long and was given up before anything was sent to the database: the page was not written")]
     Timeout,
+    /// 504 `outcome_unknown`: the request's deadline passed after its
+    /// statement was sent, and the statement had not finished after the
+    /// extra wait either. It may still commit: the client must look (read the
+    /// page, or its history) before retrying.
+    #[error("the request's statement was sent to the database and had not finished when the request's deadline passed: it may still commit or not. Read the page (or its history) to see whether this {method} landed before retrying it")]
+    OutcomeUnknown {
+        id: String,
+        method: &'static str,
+        token: Option<Token>,
+    },
     /// 500 `internal`: logged in full, answered generically.
     #[error("internal error")]
     Internal(String),
@@ -118,7 +131,7 @@ impl ApiError {
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::DatabaseUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::Timeout | Self::OutcomeUnknown { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -143,6 +156,7 @@ impl ApiError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::DatabaseUnavailable(_) => "database_unavailable",
             Self::Timeout => "timeout",
+            Self::OutcomeUnknown { .. } => "outcome_unknown",
             Self::Internal(_) => "internal",
         }
     }
@@ -170,6 +184,9 @@ impl ApiError {
                 json!({"expected_version": expected, "current_version": current})
             }
             Self::PageNotFound { id, fence } => json!({"id": id, "fence": fence}),
+            Self::OutcomeUnknown { id, method, token } => {
+                json!({"id": id, "method": method, "token": token})
+            }
             _ => json!({}),
         };
         match value {
@@ -179,10 +196,22 @@ impl ApiError {
     }
 }
 
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Unavailable(_) => Self::DatabaseUnavailable(e),
+            DbError::Failed(e) => Self::Internal(format!("database: {e}")),
+            DbError::NotSent => Self::Timeout,
+        }
+    }
+}
+
+/// For sqlx callers (migrations; modules that still query with sqlx): the
+/// same split, a protocol error being a bug (500), not unavailability.
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
         if is_unavailable(&e) {
-            Self::DatabaseUnavailable(e)
+            Self::DatabaseUnavailable(DbError::Unavailable(e.to_string()))
         } else {
             Self::Internal(format!("database: {e}"))
         }
@@ -196,13 +225,13 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => true,
+        | sqlx::Error::WorkerCrashed => true,
         // Class 57 (operator intervention: admin shutdown, crash shutdown,
-        // cannot connect now) and class 08 (connection exception).
+        // cannot connect now), 08 (connection exception), 53 (insufficient
+        // resources, e.g. too many connections).
         sqlx::Error::Database(db) => db
             .code()
-            .is_some_and(|c| c.starts_with("57") || c.starts_with("08")),
+            .is_some_and(|c| c.starts_with("57") || c.starts_with("08") || c.starts_with("53")),
         _ => false,
     }
 }
@@ -256,5 +285,40 @@ impl From<PathRejection> for ApiError {
 impl From<QueryRejection> for ApiError {
     fn from(r: QueryRejection) -> Self {
         Self::bad_request("invalid_query", r.body_text())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_errors_are_bugs_and_unavailability_is_503() {
+        let protocol = ApiError::from(sqlx::Error::Protocol("unexpected message".into()));
+        assert_eq!(protocol.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let failed = ApiError::from(DbError::Failed("unexpected message 'D'".into()));
+        assert_eq!(failed.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(failed.code(), "internal");
+        let down = ApiError::from(DbError::Unavailable("connection refused".into()));
+        assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(down.code(), "database_unavailable");
+        let io = ApiError::from(sqlx::Error::Io(std::io::ErrorKind::ConnectionReset.into()));
+        assert_eq!(io.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn outcome_unknown_is_a_504_of_its_own_with_what_was_sent() {
+        let e = ApiError::OutcomeUnknown {
+            id: "p".into(),
+            method: "PUT",
+            token: Token::new(3),
+        };
+        assert_eq!(e.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(e.code(), "outcome_unknown");
+        assert_ne!(e.code(), ApiError::Timeout.code());
+        assert_eq!(
+            Value::Object(e.details()),
+            json!({"id": "p", "method": "PUT", "token": 3})
+        );
     }
 }

@@ -3,10 +3,12 @@
 //! file authenticates the caller ([`crate::auth`]) and asks the token's issuer
 //! whether the token is current ([`check_with_issuer`]).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{
-    DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Path, Query, Request, State,
+    DefaultBodyLimit, Extension, FromRequest, FromRequestParts, MatchedPath, Path, Query, Request,
+    State,
 };
 use axum::http::header::{ETAG, IF_MATCH};
 use axum::http::request::Parts;
@@ -31,8 +33,38 @@ use fencelock::Token;
 
 /// Largest accepted request body.
 pub const BODY_LIMIT: usize = 1024 * 1024;
-/// Longest a request may take before it is answered 504.
+/// Default for `--request-timeout`: longest a request may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default for `--outcome-wait`.
+pub const OUTCOME_WAIT: Duration = Duration::from_secs(5);
+
+/// A request's deadline, and what happens when it passes.
+///
+/// Before the request's statement was sent to the database, passing the
+/// deadline answers 504 `timeout`: nothing was written. After, the statement
+/// runs to its end in a task of its own whatever happens to the request (see
+/// [`run_fenced`]): the request waits up to `outcome_wait` more and answers
+/// the statement's result, late but true; if it still has not finished (a
+/// lock held for long, a database that stopped answering), 504
+/// `outcome_unknown`, which tells the client to read before retrying. A write
+/// that lands is never answered with an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Longest a request may take (`--request-timeout`).
+    pub request: Duration,
+    /// How much longer a request whose statement was sent waits for it
+    /// (`--outcome-wait`).
+    pub outcome_wait: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            request: REQUEST_TIMEOUT,
+            outcome_wait: OUTCOME_WAIT,
+        }
+    }
+}
 
 /// The whole HTTP API with its layers.
 pub fn router(state: AppState) -> Router {
@@ -48,7 +80,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(middleware::from_fn(timeout))
+        .layer(middleware::from_fn_with_state(state.clone(), deadline))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             metrics::track,
@@ -68,10 +100,97 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
     ApiError::Internal("handler panicked".into()).into_response()
 }
 
-async fn timeout(req: Request, next: Next) -> Response {
-    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+/// What a request has sent to the database: set just before its fenced
+/// statement goes out, read by [`deadline`] when the deadline passes.
+#[derive(Clone, Default)]
+pub struct Sent(Arc<Mutex<SentState>>);
+
+#[derive(Default)]
+enum SentState {
+    #[default]
+    Nothing,
+    Statement {
+        id: String,
+        method: &'static str,
+        token: Option<Token>,
+    },
+    /// The request was answered `outcome_unknown`; the statement goes on.
+    AnsweredUnknown,
+    /// The deadline passed first and the request was answered `timeout`:
+    /// its statement must not be sent any more.
+    GaveUp,
+}
+
+impl Sent {
+    /// About to send the statement: `false` if the request was already
+    /// answered `timeout` (then nothing may be sent). Decided under the same
+    /// lock as [`Sent::give_up`], so exactly one of the two wins.
+    fn statement(&self, access: &Access) -> bool {
+        let mut state = self.0.lock().expect("sent");
+        if matches!(*state, SentState::GaveUp) {
+            return false;
+        }
+        *state = SentState::Statement {
+            id: access.id.clone(),
+            method: if access.write.is_some() { "PUT" } else { "GET" },
+            token: access.token,
+        };
+        true
+    }
+
+    /// The deadline passed: `true` (and nothing will be sent any more) if no
+    /// statement was sent; `false` if one is in flight.
+    fn give_up(&self) -> bool {
+        let mut state = self.0.lock().expect("sent");
+        match *state {
+            SentState::Nothing | SentState::GaveUp => {
+                *state = SentState::GaveUp;
+                true
+            }
+            SentState::Statement { .. } | SentState::AnsweredUnknown => false,
+        }
+    }
+
+    /// The statement in flight, if any; marks it answered `outcome_unknown`.
+    fn answer_unknown(&self) -> Option<ApiError> {
+        let mut state = self.0.lock().expect("sent");
+        match std::mem::replace(&mut *state, SentState::AnsweredUnknown) {
+            SentState::Statement { id, method, token } => {
+                Some(ApiError::OutcomeUnknown { id, method, token })
+            }
+            other => {
+                *state = other;
+                None
+            }
+        }
+    }
+
+    fn was_answered_unknown(&self) -> bool {
+        matches!(*self.0.lock().expect("sent"), SentState::AnsweredUnknown)
+    }
+}
+
+/// The request deadline (see [`Deadlines`]). The handler is polled, not
+/// dropped, when the deadline passes after its statement was sent.
+async fn deadline(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let sent = Sent::default();
+    req.extensions_mut().insert(sent.clone());
+    let deadlines = state.deadlines;
+    let run = next.run(req);
+    tokio::pin!(run);
+    if let Ok(response) = tokio::time::timeout(deadlines.request, &mut run).await {
+        return response;
+    }
+    if sent.give_up() {
+        return ApiError::Timeout.into_response();
+    }
+    state.metrics.deadline_passed_in_flight();
+    match tokio::time::timeout(deadlines.outcome_wait, &mut run).await {
         Ok(response) => response,
-        Err(_) => ApiError::Timeout.into_response(),
+        Err(_) => match sent.answer_unknown() {
+            Some(unknown) => unknown.into_response(),
+            None => ApiError::Timeout.into_response(),
+        },
     }
 }
 
@@ -301,17 +420,17 @@ fn page_response(status: StatusCode, page: Page, outcome: &'static str) -> Respo
 }
 
 /// Turn a rejecting verdict into its error, using the row as it is now.
-fn rejection(verdict: Verdict, access: &Access<'_>, row: &store::Row) -> Option<ApiError> {
+fn rejection(verdict: Verdict, access: &Access, row: &store::Row) -> Option<ApiError> {
     let fence = row.fence.clone();
     match verdict {
         Verdict::Accepted | Verdict::Stale => None,
         Verdict::StaleToken => Some(ApiError::StaleToken {
             offered: access.token.unwrap_or(Token::MIN),
             current: fence.as_ref().map_or(Token::MIN, |f| f.token),
-            issuer: access.issuer.to_owned(),
+            issuer: access.issuer.clone(),
         }),
         Verdict::IssuerMismatch => Some(ApiError::IssuerMismatch {
-            offered: access.issuer.to_owned(),
+            offered: access.issuer.clone(),
             current: fence.map(|f| f.issuer).unwrap_or_default(),
         }),
         Verdict::VersionMismatch => Some(ApiError::VersionMismatch {
@@ -328,9 +447,52 @@ fn outcome_label(verdict: Verdict) -> &'static str {
     }
 }
 
-#[tracing::instrument(skip_all, fields(page = %id, token = ?h.token, issuer = %h.issuer))]
+/// Run the fenced statement(s) in a task of their own, so that once sent
+/// they finish whatever happens to the request (its deadline passes, its
+/// client hangs up, the gateway drains): a statement is never abandoned
+/// midway, its connection goes back to the pool, and [`deadline`] can still
+/// answer its result. Marks `sent` just before the first statement goes out;
+/// sends nothing if the request was already answered `timeout` (the task may
+/// still have been waiting for a connection then).
+async fn run_fenced(
+    state: &AppState,
+    access: Access,
+    sent: Sent,
+) -> Result<(Access, Verdict, store::Row), ApiError> {
+    let db = state.db.clone();
+    let task = tokio::spawn(async move {
+        let result = store::fenced_access(&db, &access, || sent.statement(&access)).await;
+        if sent.was_answered_unknown() {
+            // Nobody waits for this answer any more: say what happened.
+            match &result {
+                Ok((verdict, row)) => tracing::warn!(
+                    page = %access.id, token = ?access.token, outcome = verdict.as_str(),
+                    version = row.version,
+                    "a statement answered outcome_unknown finished"
+                ),
+                Err(e) => tracing::warn!(
+                    page = %access.id, token = ?access.token, error = %e,
+                    "a statement answered outcome_unknown failed"
+                ),
+            }
+        }
+        (access, result)
+    });
+    match task.await {
+        Ok((access, Ok((verdict, row)))) => Ok((access, verdict, row)),
+        Ok((_, Err(e))) => Err(e.into()),
+        Err(e) => Err(ApiError::Internal(format!("fenced statement task: {e}"))),
+    }
+}
+
+// Per-request spans and events are debug: a profile under load (issue 18,
+// docs/BENCHMARKS.md) showed tracing's formatting among the largest costs
+// of the request path that the gateway controls. Every attempt is recorded
+// in page_history and counted in /metrics; warnings carry their own fields.
+#[tracing::instrument(level = "debug", skip_all, fields(page = %id, token = ?h.token, issuer = %h.issuer))]
 async fn get_page(
     State(state): State<AppState>,
+    Extension(sent): Extension<Sent>,
     PageId(id): PageId,
     h: FencingHeaders,
 ) -> Result<Response, ApiError> {
@@ -342,28 +504,33 @@ async fn get_page(
     };
     check_with_issuer(&state, &id, "GET", &h).await?;
     let access = Access {
-        id: &id,
+        id,
         write: None,
         token: Some(token),
-        issuer: &h.issuer,
+        issuer: h.issuer,
         if_match: None,
         enforce: state.fencing == FenceCheck::Enforce,
-        client_id: h.client_id.as_deref(),
+        client_id: h.client_id,
     };
-    let (verdict, row) = store::fenced_access(&state.db, &access).await?;
+    let (access, verdict, row) = run_fenced(&state, access, sent).await?;
     if let Some(err) = rejection(verdict, &access, &row) {
         return Err(err);
     }
     let fence = row.fence.clone();
     match row.page() {
         Some(page) => Ok(page_response(StatusCode::OK, page, outcome_label(verdict))),
-        None => Err(ApiError::PageNotFound { id, fence }),
+        None => Err(ApiError::PageNotFound {
+            id: access.id,
+            fence,
+        }),
     }
 }
 
-#[tracing::instrument(skip_all, fields(page = %id, token = ?h.token, issuer = %h.issuer))]
+// Debug, as `get_page`'s span.
+#[tracing::instrument(level = "debug", skip_all, fields(page = %id, token = ?h.token, issuer = %h.issuer))]
 async fn put_page(
     State(state): State<AppState>,
+    Extension(sent): Extension<Sent>,
     PageId(id): PageId,
     h: FencingHeaders,
     JsonBody(put): JsonBody<PutBody>,
@@ -380,15 +547,15 @@ async fn put_page(
     }
     check_with_issuer(&state, &id, "PUT", &h).await?;
     let access = Access {
-        id: &id,
-        write: Some(&put.body),
+        id,
+        write: Some(put.body),
         token: h.token,
-        issuer: &h.issuer,
+        issuer: h.issuer,
         if_match: h.if_match,
         enforce,
-        client_id: h.client_id.as_deref(),
+        client_id: h.client_id,
     };
-    let (verdict, row) = store::fenced_access(&state.db, &access).await?;
+    let (access, verdict, row) = run_fenced(&state, access, sent).await?;
     if let Some(err) = rejection(verdict, &access, &row) {
         return Err(err);
     }
@@ -401,7 +568,7 @@ async fn put_page(
     } else {
         StatusCode::OK
     };
-    tracing::info!(
+    tracing::debug!(
         version = page.version,
         outcome = outcome_label(verdict),
         "written"
@@ -496,7 +663,7 @@ async fn check_with_issuer(
         h.client_id.as_deref(),
     )
     .await?;
-    tracing::info!(offered = %token, holder = ?holder, "token not current");
+    tracing::info!(page = %id, issuer = %h.issuer, offered = %token, holder = ?holder, "token not current");
     Err(ApiError::TokenNotCurrent {
         issuer: h.issuer.clone(),
         offered: token,

@@ -28,12 +28,16 @@
 //!   [`issuers`]: the lock services asked, connected in the background.
 //! - [`server`]: the accept loop (hyper, header-read timeout, connection cap,
 //!   graceful shutdown).
-//! - [`db`]: the connection pool requests use (one round trip per request),
-//!   and the multi-host `DATABASE_URL` that follows the primary.
-//! - [`store`]: the SQL. `sql/fenced_access.sql` is the one statement that
-//!   carries the safety argument; read its header comment.
+//! - [`db`]: the connection pool requests use (tokio-postgres; one round trip
+//!   per statement; liveness check after idling, maximum lifetime, TCP
+//!   keepalive), and the multi-host `DATABASE_URL` that follows the primary.
+//! - [`store`]: the SQL. `sql/fenced_access.sql` is the statement of the
+//!   common case, `sql/fenced_access_locked.sql` and
+//!   `sql/fenced_access_insert.sql` its fallbacks; each carries its safety
+//!   argument in its header comment.
 //! - [`http`]: routes, header and body validation, the issuer check
-//!   (`check_with_issuer`, with why check-then-write is safe), responses.
+//!   (`check_with_issuer`, with why check-then-write is safe), the request
+//!   deadline (`outcome_unknown` once a statement was sent), responses.
 //! - [`error`]: [`ApiError`], every rejection with its status and JSON body.
 //! - [`metrics`]: the Prometheus registry behind `GET /metrics`.
 //! - [`dashboard`]: the live page at `/dashboard` and its event stream.
@@ -63,6 +67,12 @@
 //! - `GET /` (redirect), `GET /dashboard`, `GET /dashboard/events?page=ID`
 //!   (server-sent events): public, like the history they show.
 //!
+//! A request whose deadline (`--request-timeout`) passes before its
+//! statement was sent is answered 504 `timeout` (nothing written). Once the
+//! statement was sent it runs to its end whatever happens to the request;
+//! the request waits `--outcome-wait` more for it and answers its result, or
+//! else 504 `outcome_unknown` (the write may land: read before retrying).
+//!
 //! Rejections of issue 12: 401 `unauthorized` (with `WWW-Authenticate:
 //! Bearer`), 403 `client_id_mismatch` (and `forbidden` on the admin endpoint),
 //! 409 `unknown_issuer`, 409 `token_not_current`, 503 `issuer_unavailable`
@@ -90,6 +100,9 @@ use anyhow::Context;
 use axum::Router;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
+
+pub use db::{Db, DbError, PoolOptions};
+pub use http::Deadlines;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -101,6 +114,9 @@ pub use error::ApiError;
 pub use metrics::Metrics;
 pub use server::{serve_with, ServeOptions};
 pub use trust::{Trust, TrustOptions};
+
+/// The binary's log filter when `RUST_LOG` is not set.
+pub const DEFAULT_LOG_FILTER: &str = "gateway=info,tower_http=info";
 
 /// Default for `--db-pool-size` and [`spawn`].
 pub const DEFAULT_POOL_SIZE: u32 = 10;
@@ -118,10 +134,8 @@ pub enum FenceCheck {
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    /// Connections for requests, opened like `pool`'s and as many.
-    pub db: db::Db,
-    /// The sqlx pool it was made from (migrations, shutdown).
-    pub pool: PgPool,
+    /// The connections requests use (see [`db`]).
+    pub db: Db,
     pub fencing: FenceCheck,
     pub metrics: Arc<Metrics>,
     /// Cancelled when [`serve`] starts draining: responses that never end by
@@ -130,35 +144,42 @@ pub struct AppState {
     pub draining: CancellationToken,
     /// Keys and issuers.
     pub trust: Arc<Trust>,
+    /// The request deadline, and the wait for a statement already sent.
+    pub deadlines: Deadlines,
 }
 
 impl AppState {
-    /// Requests use their own connections (see [`db`]), with `pool`'s
-    /// connect options and size. No authentication, no issuer checks
-    /// ([`Trust::off`]); see [`AppState::with_trust`].
-    pub fn new(pool: PgPool, fencing: FenceCheck) -> Self {
-        Self::with_trust(pool, fencing, Trust::off())
+    /// No authentication, no issuer checks ([`Trust::off`]), default
+    /// deadlines; see [`AppState::with_trust`]. Make `db` with [`Db::new`]
+    /// (or [`connect_db`]); migrations run on an sqlx pool ([`migrate`]).
+    pub fn new(db: Db, fencing: FenceCheck) -> Self {
+        Self::with_trust(db, fencing, Trust::off())
     }
 
     /// With keys and issuers (from [`Trust::start`]).
-    pub fn with_trust(pool: PgPool, fencing: FenceCheck, trust: Trust) -> Self {
+    pub fn with_trust(db: Db, fencing: FenceCheck, trust: Trust) -> Self {
         Self {
-            db: db::Db::like(&pool),
-            pool,
+            db,
             fencing,
             metrics: Arc::new(Metrics::new()),
             draining: CancellationToken::new(),
             trust: Arc::new(trust),
+            deadlines: Deadlines::default(),
         }
     }
 
-    /// The same state, with request connections that go wherever
-    /// `database_url` says: with several hosts and
-    /// `target_session_attrs=read-write`, to whichever accepts writes, so
-    /// requests follow a failover to the promoted standby (see [`db`]).
+    /// With other deadlines than the defaults.
+    pub fn with_deadlines(mut self, deadlines: Deadlines) -> Self {
+        self.deadlines = deadlines;
+        self
+    }
+
+    /// The same state, with a request pool (same [`PoolOptions`]) on
+    /// `database_url`. [`Db::new`] already follows the primary when its URL
+    /// names several hosts with `target_session_attrs=read-write` (see
+    /// [`db`]); this is for a state whose pool was made for another URL.
     pub fn following(mut self, database_url: &str) -> anyhow::Result<Self> {
-        let max = self.pool.options().get_max_connections();
-        self.db = db::Db::from_url(database_url, max)
+        self.db = Db::new(database_url, *self.db.options())
             .with_context(|| format!("database URL {}", redact(database_url)))?;
         Ok(self)
     }
@@ -178,8 +199,21 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
         .context("run migrations")
 }
 
-/// The sqlx pool behind [`AppState`]: fails fast (2 s to get a connection).
-/// Requests go through [`db::Db`] instead, which avoids sqlx's ping on release.
+/// The request pool for `database_url` with `max_connections` and the
+/// default checks ([`PoolOptions::default`]). Opens nothing yet.
+pub fn connect_db(database_url: &str, max_connections: u32) -> anyhow::Result<Db> {
+    Db::new(
+        database_url,
+        PoolOptions {
+            max_connections,
+            ..PoolOptions::default()
+        },
+    )
+    .with_context(|| format!("database URL {}", redact(database_url)))
+}
+
+/// An sqlx pool, for [`migrate`] (requests use [`Db`]): fails fast (2 s to
+/// get a connection).
 pub fn pool_options(max_connections: u32) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(max_connections)
@@ -187,8 +221,8 @@ pub fn pool_options(max_connections: u32) -> PgPoolOptions {
         .test_before_acquire(false)
 }
 
-/// Connect once (no retry). With several hosts (see [`db`]), to the one that
-/// accepts writes now.
+/// Connect an sqlx pool once (no retry), for [`migrate`]. With several hosts
+/// (see [`db`]), to the one that accepts writes now.
 pub async fn connect(database_url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
     let target = db::Db::from_url(database_url, 1)
         .with_context(|| format!("database URL {}", redact(database_url)))?
@@ -256,7 +290,6 @@ impl RunningGateway {
             task.await.context("gateway task")?.context("serve")?;
         }
         self.state.db.close();
-        self.state.pool.close().await;
         Ok(())
     }
 }
@@ -299,11 +332,16 @@ pub async fn spawn_with_options(
 ) -> anyhow::Result<RunningGateway> {
     let trust =
         Trust::start(options.checked_trust()?, options.fencing).map_err(anyhow::Error::msg)?;
-    let db = connect(database_url, options.pool_size).await?;
-    migrate(&db).await?;
+    // sqlx runs the migrations on a connection of its own, then goes.
+    let migrations = connect(database_url, 1).await?;
+    migrate(&migrations).await?;
+    migrations.close().await;
+    let db = Db::new(database_url, options.pool_options_resolved())
+        .with_context(|| format!("database URL {}", redact(database_url)))?;
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
-    let state = AppState::with_trust(db, options.fencing, trust).following(database_url)?;
+    // Db::new follows the primary of a multi-host URL itself.
+    let state = AppState::with_trust(db, options.fencing, trust).with_deadlines(options.deadlines);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(serve_with(listener, state.clone(), options.serve, async {
         let _ = stopped.await;

@@ -17,7 +17,7 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("gateway=info,tower_http=info")),
+                .unwrap_or_else(|_| EnvFilter::new(gateway::DEFAULT_LOG_FILTER)),
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
@@ -25,10 +25,24 @@ async fn main() -> anyhow::Result<()> {
     // Keys and issuers first: a bad configuration fails at once, before the
     // (possibly long) wait for the database. Issuers connect in the
     // background: one that is down does not keep the gateway from starting.
-    let trust =
-        Trust::start(config.trust_options()?, config.fencing).map_err(anyhow::Error::msg)?;
-    let db = connect_with_retry(&config).await?;
-    gateway::migrate(&db).await?;
+    let trust = match config
+        .trust_options()
+        .and_then(|o| Trust::start(o, config.fencing).map_err(anyhow::Error::msg))
+    {
+        Ok(trust) => trust,
+        Err(e) => {
+            // A configuration mistake, not a crash: the message, no backtrace.
+            eprintln!("gateway: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    // sqlx applies the migrations on a connection of its own; requests use
+    // the gateway's pool (gateway::Db), opened lazily.
+    let migrations = connect_with_retry(&config).await?;
+    gateway::migrate(&migrations).await?;
+    migrations.close().await;
+    let db =
+        gateway::Db::new(&config.database_url, config.pool_options()).context("database URL")?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("bind {}", config.listen))?;
@@ -37,17 +51,19 @@ async fn main() -> anyhow::Result<()> {
         fencing = ?config.fencing,
         max_connections = limits.max_connections,
         header_read_timeout = ?limits.header_read_timeout,
+        request_timeout = ?config.request_timeout,
+        outcome_wait = ?config.outcome_wait,
         "listening on {}",
         listener.local_addr()?
     );
     gateway::serve_with(
         listener,
-        AppState::with_trust(db.clone(), config.fencing, trust).following(&config.database_url)?,
+        AppState::with_trust(db.clone(), config.fencing, trust).with_deadlines(config.deadlines()),
         limits,
         shutdown_signal(),
     )
     .await?;
-    db.close().await;
+    db.close();
     tracing::info!("stopped");
     Ok(())
 }
@@ -56,7 +72,7 @@ async fn connect_with_retry(config: &Config) -> anyhow::Result<sqlx::PgPool> {
     let start = Instant::now();
     let mut delay = Duration::from_millis(250);
     loop {
-        match gateway::connect(&config.database_url, config.db_pool_size).await {
+        match gateway::connect(&config.database_url, 1).await {
             Ok(db) => return Ok(db),
             Err(e) if start.elapsed() < CONNECT_PATIENCE => {
                 tracing::warn!(error = %format!("{e:#}"), retry_in = ?delay, "database not reachable yet");

@@ -8,7 +8,8 @@ use axum::http::header::CONTENT_TYPE;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::AppState;
@@ -25,6 +26,7 @@ pub struct Metrics {
     connections: IntGauge,
     issuer_checks: IntCounterVec,
     issuer_latency: HistogramVec,
+    in_flight_at_deadline: IntCounter,
 }
 
 /// Counts one open connection until dropped.
@@ -83,12 +85,20 @@ impl Metrics {
             &["issuer"],
         )
         .expect("valid metric");
+        let in_flight_at_deadline = IntCounter::new(
+            "gateway_deadline_passed_in_flight_total",
+            "Requests whose deadline passed after their statement was sent (then answered \
+             with the statement's result if it finished within --outcome-wait, else \
+             outcome_unknown).",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency.clone()),
             Box::new(connections.clone()),
             Box::new(issuer_checks.clone()),
             Box::new(issuer_latency.clone()),
+            Box::new(in_flight_at_deadline.clone()),
         ] {
             registry.register(c).expect("register once");
         }
@@ -99,7 +109,18 @@ impl Metrics {
             connections,
             issuer_checks,
             issuer_latency,
+            in_flight_at_deadline,
         }
+    }
+
+    /// A request's deadline passed while its statement was in flight.
+    pub fn deadline_passed_in_flight(&self) {
+        self.in_flight_at_deadline.inc();
+    }
+
+    /// How many times [`Metrics::deadline_passed_in_flight`] happened.
+    pub fn deadlines_passed_in_flight(&self) -> u64 {
+        self.in_flight_at_deadline.get()
     }
 
     /// Count a connection as open until the guard is dropped.

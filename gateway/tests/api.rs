@@ -620,3 +620,113 @@ async fn two_gateways_under_concurrent_random_tokens_never_accept_a_decreasing_t
     gw1.shutdown().await.unwrap();
     gw2.shutdown().await.unwrap();
 }
+
+/// Issue 18: the insert path's race. Two first writers of a page, on two
+/// gateways, both find no row (a transaction holding an uncommitted insert
+/// of the page makes them queue on its primary key, then rolls back), so
+/// both take the insert path at once: exactly one creates the page (201),
+/// the other goes back to the locked statement and is decided on the
+/// winner's row (200, or 409 if its token is the lower one), and the history
+/// has one row per attempt, in commit order.
+#[tokio::test]
+async fn two_first_writers_race_on_the_insert_path_and_exactly_one_creates_the_page() {
+    use sqlx::Connection;
+    let url = harness::fresh_database().await;
+    let gw1 = gateway::spawn_with_options(&url, keyed(FenceCheck::Enforce))
+        .await
+        .unwrap();
+    let gw2 = gateway::spawn_with_options(&url, keyed(FenceCheck::Enforce))
+        .await
+        .unwrap();
+    let apis = [
+        Api::new(gw1.url()).as_client("tester"),
+        Api::new(gw2.url()).as_client("tester"),
+    ];
+
+    let mut blocker = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query("begin").execute(&mut blocker).await.unwrap();
+    sqlx::query("insert into pages (id) values ('race')")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let writers: Vec<_> = [(0, 5_u64), (1, 7_u64)]
+        .into_iter()
+        .map(|(i, token)| {
+            let api = apis[i].clone();
+            tokio::spawn(async move {
+                let r = api
+                    .put_fenced("race", &format!("from {token}"), token)
+                    .await;
+                (token, r.status.as_u16(), r.json)
+            })
+        })
+        .collect();
+    // Both wait on the uncommitted row's key: both took the insert path.
+    let url_ref = url.as_str();
+    harness::wait_until(std::time::Duration::from_secs(20), || async move {
+        let mut watcher = sqlx::PgConnection::connect(url_ref)
+            .await
+            .map_err(|e| e.to_string())?;
+        let waiting = sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity
+             where application_name = 'gateway' and wait_event_type = 'Lock'
+               and datname = current_database()",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .map_err(|e| e.to_string())?;
+        match waiting {
+            2 => Ok(()),
+            n => Err(format!("{n} waiting")),
+        }
+    })
+    .await
+    .expect("both first writers wait on the page's key");
+    sqlx::query("rollback").execute(&mut blocker).await.unwrap();
+
+    let mut results = Vec::new();
+    for w in writers {
+        results.push(w.await.unwrap());
+    }
+    let created: Vec<_> = results.iter().filter(|r| r.1 == 201).collect();
+    assert_eq!(created.len(), 1, "exactly one creator: {results:?}");
+    let (winner, _, _) = created[0];
+    let (loser, status, json) = results.iter().find(|r| r.1 != 201).unwrap();
+    if loser > winner {
+        assert_eq!(*status, 200, "{json}");
+        assert_eq!(json["version"], 2, "{json}");
+    } else {
+        assert_eq!(*status, 409, "{json}");
+        assert_eq!(json["error"], "stale_token", "{json}");
+    }
+
+    let history = apis[0].history("race").await;
+    let rows: Vec<_> = history
+        .iter()
+        .rev()
+        .map(|h| {
+            (
+                h["token"].as_u64().unwrap(),
+                h["outcome"].as_str().unwrap().to_owned(),
+                h["version"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let loser_outcome = if loser > winner {
+        "accepted"
+    } else {
+        "stale_token"
+    };
+    let loser_version = if loser > winner { 2 } else { 1 };
+    assert_eq!(
+        rows,
+        [
+            (*winner, "accepted".to_owned(), 1),
+            (*loser, loser_outcome.to_owned(), loser_version)
+        ]
+    );
+    let page = apis[1].get("race", &[]).await.expect(200);
+    assert_eq!(page.json["fence"]["token"], 7);
+    gw1.shutdown().await.unwrap();
+    gw2.shutdown().await.unwrap();
+}

@@ -89,15 +89,22 @@ async fn a_statement_refused_by_a_read_only_server_is_a_503() {
     let standby = pg.standby_url(db_name).expect("a standby");
     let db = gateway::db::Db::from_url(&standby, 1).unwrap();
     let write = Access {
-        id: "p",
-        write: Some("on a standby"),
+        id: "p".into(),
+        write: Some("on a standby".into()),
         token: None,
-        issuer: "default",
+        issuer: "default".into(),
         if_match: None,
         enforce: false,
         client_id: None,
     };
-    let err = fenced_access(&db, &write).await.unwrap_err();
+    let err = fenced_access(&db, &write, || true).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(err.to_string().contains("read-only"), "{err}");
+    assert_eq!(
+        db.idle_connections(),
+        0,
+        "the standby's connection was dropped"
+    );
     let api_error = ApiError::from(err);
     assert_eq!(api_error.status().as_u16(), 503, "{api_error:?}");
     assert_eq!(api_error.code(), "database_unavailable");

@@ -314,6 +314,62 @@ async fn an_issuer_down_at_start_answers_503_then_the_gateway_recovers_by_itself
 }
 
 #[tokio::test]
+async fn a_zookeeper_restart_answers_503_while_it_is_down_and_the_gateway_recovers_by_itself() {
+    let mut zk = harness::ZooKeeper::start().await;
+    let url = format!("zookeeper://{}", zk.connect_string());
+    let (_gw, api, _) = gateway_with(
+        keyed(FenceCheck::Enforce)
+            .issuer("zookeeper", &url)
+            .issuer_timeout(Duration::from_secs(1)),
+    )
+    .await;
+    let alice = api.as_client("alice");
+    let locks = |url: String| async move {
+        Arc::new(
+            ZooKeeperLock::connect(
+                url.trim_start_matches("zookeeper://"),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap()
+            .with_client_id("alice")
+            .unwrap(),
+        ) as Arc<dyn LockService>
+    };
+    let lease = acquire(&locks(url.clone()).await).await;
+    alice
+        .put(PAGE, "before", &headers(&fenced(&lease)))
+        .await
+        .expect(201);
+
+    zk.kill();
+    alice
+        .put(PAGE, "during", &headers(&fenced(&lease)))
+        .await
+        .expect_error(503, "issuer_unavailable");
+    assert_eq!(api.get(PAGE, &[]).await.expect(200).json["body"], "before");
+
+    zk.start_again().await;
+    drop(lease);
+    let lease = acquire(&locks(url).await).await;
+    let fenced = fenced(&lease);
+    let reply = harness::wait_until(Duration::from_secs(30), || {
+        let (alice, fenced) = (alice.clone(), fenced.clone());
+        async move {
+            let reply = alice.put(PAGE, "after", &headers(&fenced)).await;
+            match reply.status.as_u16() {
+                503 => Err(format!("still {}", reply.json)),
+                _ => Ok(reply),
+            }
+        }
+    })
+    .await
+    .expect("the gateway asks ZooKeeper again once it is back");
+    reply.expect(200);
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
 async fn with_fencing_off_no_issuer_is_asked() {
     // An issuer nobody listens on: with fencing on it could only answer 503.
     let dead = format!("redis://127.0.0.1:{}/", harness::free_port());

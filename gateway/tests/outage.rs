@@ -12,8 +12,10 @@ use gateway::FenceCheck;
 async fn database_outage_answers_503_json_and_the_gateway_recovers_by_itself() {
     let mut pg = harness::Postgres::start().await;
     let url = pg.create_database().await;
-    let gw = gateway::spawn(&url, FenceCheck::Enforce).await.unwrap();
-    let api = Api::new(gw.url());
+    let gw = gateway::spawn_with_options(&url, common::keyed(FenceCheck::Enforce))
+        .await
+        .unwrap();
+    let api = Api::new(gw.url()).as_client("tester");
     api.put_fenced("p", "before", 1).await.expect(201);
 
     pg.kill();

@@ -16,6 +16,7 @@ use std::time::Duration;
 use harness::worker_proc::{WorkerEvent, WorkerProcess};
 use harness::{Redis, ZooKeeper};
 use serde_json::Value;
+use sqlx::Connection;
 
 /// Edits per worker in the three-worker runs.
 const K: u64 = 5;
@@ -724,10 +725,10 @@ async fn unreachable_gateway_is_retried_until_it_answers() {
     }
 
     // Now a gateway comes up on that port.
-    let db = gateway::connect(&harness::fresh_database().await, 4)
-        .await
-        .expect("connect");
-    gateway::migrate(&db).await.expect("migrate");
+    let url = harness::fresh_database().await;
+    let migrations = gateway::connect(&url, 1).await.expect("connect");
+    gateway::migrate(&migrations).await.expect("migrate");
+    let db = gateway::connect_db(&url, 4).expect("database URL");
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .expect("bind the gateway's port");
@@ -790,6 +791,73 @@ async fn duration_ends_an_unbounded_run_with_a_summary() {
         page_lines(&gateway.url(), "duration").await.len() as u64,
         count(&summary, "acknowledged")
     );
+}
+
+/// A write held up by a row lock until the gateway's deadline passed: the
+/// gateway answers 504 `outcome_unknown` (its statement was sent and may
+/// still land). The worker neither counts an error nor retries blindly: it
+/// reads the page, and once the write has landed it finds its line and counts
+/// the edit acknowledged, even with If-Match, where the blind retry of an
+/// edit that was written gets 412 (issue 18).
+#[tokio::test]
+async fn a_write_answered_outcome_unknown_is_checked_and_counted_once_it_landed() {
+    let locks = LockService::start("redis").await;
+    let url = harness::fresh_database().await;
+    let gateway = gateway::spawn_with_options(
+        &url,
+        keyed(gateway::FenceCheck::Enforce, locks.issuer())
+            .request_timeout(Duration::from_millis(500))
+            .outcome_wait(Duration::from_millis(500)),
+    )
+    .await
+    .expect("gateway");
+    let page = "unknown";
+    let mut w = spawn_worker(worker_args(
+        &locks,
+        &gateway.url(),
+        page,
+        "w",
+        &[
+            "--edits",
+            "2",
+            "--if-match",
+            "--work-ms",
+            "1000",
+            "--ttl",
+            "10s",
+        ],
+    ));
+    let first = w.wait_for_event("wrote").await;
+    assert_eq!(first["status"], 201, "{first}");
+
+    // During the second edit's work, hold the page's row lock: its write
+    // waits for it past the gateway's deadline.
+    let read = w.wait_for_event("read").await;
+    assert_eq!(read["version"], 1, "{read}");
+    let mut holder = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::query("begin").execute(&mut holder).await.unwrap();
+    sqlx::query("select 1 from pages where id = $1 for update")
+        .bind(page)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let unknown = w.wait_for_event("error").await;
+    assert!(
+        unknown["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("outcome_unknown")),
+        "{unknown}"
+    );
+    assert_eq!(unknown["during"], "write", "{unknown}");
+    sqlx::query("commit").execute(&mut holder).await.unwrap();
+
+    let (summary, status) = w.wait_summary().await;
+    assert!(status.success(), "{}", w.log_tail(20));
+    assert_summary_adds_up(&summary);
+    assert_eq!(count(&summary, "acknowledged"), 2, "{summary}");
+    assert_eq!(count(&summary, "errors"), 0, "{summary}");
+    let lines = page_lines(&gateway.url(), page).await;
+    assert_eq!(lines.len(), 2, "each edit's line once: {lines:?}");
 }
 
 // ---------------------------------------------------------------- trust

@@ -139,6 +139,11 @@ pub enum GatewayError {
     /// Gateway unreachable, timed out, or answering 502/503/504. Retryable.
     #[error("gateway unavailable: {detail}")]
     Unavailable { detail: String },
+    /// 504 `outcome_unknown`: the gateway sent our write to the database and
+    /// its deadline passed before the database answered. The write may have
+    /// landed (or may still land): read the page before retrying it.
+    #[error("504 outcome_unknown: {message}")]
+    OutcomeUnknown { message: String },
     /// Any other error answer from the gateway.
     #[error("gateway answered {status} {code}: {message}")]
     Http {
@@ -197,6 +202,7 @@ impl GatewayError {
             GatewayError::IssuerUnavailable { .. } => (503, "issuer_unavailable"),
             GatewayError::VersionMismatch { .. } => (412, "version_mismatch"),
             GatewayError::Unavailable { .. } => (503, "unavailable"),
+            GatewayError::OutcomeUnknown { .. } => (504, "outcome_unknown"),
             GatewayError::Http { status, .. } => (*status, "http_error"),
             GatewayError::Protocol { .. } => (0, "protocol"),
         }
@@ -286,7 +292,14 @@ impl GatewayClient {
         }
         if !status.is_success() {
             let text = resp.text().await.unwrap_or_default();
-            return Err(parse_error(status, &text, fence));
+            return Err(match parse_error(status, &text, fence) {
+                // A fenced read only raises the fence to our own token: doing
+                // it again is safe, so it is retried like any 503.
+                GatewayError::OutcomeUnknown { message } => GatewayError::Unavailable {
+                    detail: format!("504 outcome_unknown: {message}"),
+                },
+                other => other,
+            });
         }
         resp.json::<Page>()
             .await
@@ -430,6 +443,7 @@ fn parse_error(status: StatusCode, text: &str, fence: Option<&Fence>) -> Gateway
             message,
         },
         (412, _) => GatewayError::VersionMismatch { message },
+        (504, "outcome_unknown") => GatewayError::OutcomeUnknown { message },
         (502..=504, _) => GatewayError::Unavailable {
             detail: format!("{status}: {message}"),
         },
@@ -478,6 +492,28 @@ mod tests {
         let e400 = parse_error(StatusCode::BAD_REQUEST, "not json", None);
         assert!(matches!(e400, GatewayError::Http { status: 400, .. }));
         assert!(!e400.is_transient());
+    }
+
+    #[test]
+    fn outcome_unknown_is_neither_transient_nor_a_plain_timeout() {
+        let unknown = parse_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            r#"{"error":"outcome_unknown","message":"may land","id":"p","method":"PUT","token":3}"#,
+            None,
+        );
+        assert_eq!(
+            unknown,
+            GatewayError::OutcomeUnknown {
+                message: "may land".into()
+            }
+        );
+        assert!(!unknown.is_transient(), "a blind retry could double-count");
+        let timeout = parse_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            r#"{"error":"timeout","message":"nothing written"}"#,
+            None,
+        );
+        assert!(timeout.is_transient());
     }
 
     #[test]

@@ -9,7 +9,10 @@
 //!
 //! A retried PUT is the same request again (same body, same token), so a
 //! retry after a PUT whose answer was lost cannot add the line twice; `writing`
-//! is emitted before every attempt. If the lease is lost while retrying, the
+//! is emitted before every attempt. A 504 `outcome_unknown` (the gateway sent
+//! the write and its deadline passed first) is not retried blindly: the
+//! worker reads the page and counts the edit acknowledged if its line is
+//! there, and retries only if it is not. If the lease is lost while retrying, the
 //! edit counts as abandoned even though an earlier attempt may have landed:
 //! the summary never claims an edit the gateway did not acknowledge.
 //!
@@ -429,22 +432,68 @@ impl Workload {
         // If-Match on a page never written.
         let if_match = (self.config.if_match && page.version > 0).then_some(page.version);
         let (line_ref, body_ref, fence_ref) = (&line, &body, fence.as_ref());
-        let written = self
-            .retrying(n, Stage::Write, lease, move || async move {
+        let put = move || async move {
+            self.emit(
+                n,
+                Event::Writing {
+                    token,
+                    fenced: fence_ref.is_some(),
+                    line: line_ref.clone(),
+                },
+            );
+            self.maybe_stop_self(StopAt::Writing);
+            self.gateway
+                .put(page_id, body_ref, fence_ref, if_match)
+                .await
+        };
+        let mut written = self.retrying(n, Stage::Write, lease, put).await;
+        // 504 outcome_unknown: the gateway sent the write and does not know
+        // whether it landed. Check before retrying: read the page (unfenced:
+        // it must not move the fence) and look for our line, which no other
+        // edit writes. After such an answer, If-Match refusing the retry may
+        // just mean that the first attempt landed: check that too.
+        let mut unsure = false;
+        loop {
+            let mismatch = match &written {
+                Tried::Failed(GatewayError::OutcomeUnknown { .. }) => false,
+                Tried::Failed(GatewayError::VersionMismatch { .. }) if unsure => true,
+                _ => break,
+            };
+            unsure = true;
+            if let Tried::Failed(e) = &written {
                 self.emit(
                     n,
-                    Event::Writing {
-                        token,
-                        fenced: fence_ref.is_some(),
-                        line: line_ref.clone(),
+                    Event::Error {
+                        during: Stage::Write,
+                        transient: true,
+                        message: format!("{e}; reading the page to see whether it landed"),
                     },
                 );
-                self.maybe_stop_self(StopAt::Writing);
-                self.gateway
-                    .put(page_id, body_ref, fence_ref, if_match)
-                    .await
-            })
-            .await;
+            }
+            match self
+                .retrying(n, Stage::Read, lease, || self.gateway.get(page_id, None))
+                .await
+            {
+                Tried::Done(page) if page.body.lines().any(|l| l == line) => {
+                    self.emit(
+                        n,
+                        Event::Wrote {
+                            status: 200,
+                            // The page's version when our line was found.
+                            version: page.version,
+                            token,
+                            line,
+                        },
+                    );
+                    return Outcome::Acknowledged;
+                }
+                Tried::Done(_) if mismatch => break,
+                Tried::Done(_) => written = self.retrying(n, Stage::Write, lease, put).await,
+                Tried::Failed(e) => return self.refused(n, Stage::Read, lease, e),
+                Tried::Lost(reason) => return self.lost(n, reason),
+                Tried::Interrupted => return self.interrupted(n, Stage::Write),
+            }
+        }
         match written {
             Tried::Done(w) => {
                 self.emit(

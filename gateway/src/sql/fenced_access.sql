@@ -1,66 +1,59 @@
--- One fenced access (a write, or a fenced read) of one page: the fence check,
--- the write and the history row in ONE statement, so ONE round trip.
+-- A fenced access (a write, or a fenced read) of a page that exists, in the
+-- common case that it is accepted: the fence check, the write and the history
+-- row in ONE statement, so ONE round trip. It is a plain fenced UPDATE: when
+-- the access is refused, or the page has no row yet, it changes nothing,
+-- records nothing and returns no row; then the gateway runs
+-- fenced_access_locked.sql (which decides under the row lock and records a
+-- refusal without rewriting the row), and for a page with no row
+-- fenced_access_insert.sql. The first of them that returns a row made the
+-- one decision of the request; a statement that returns no row wrote nothing.
 --
 -- $1 page id, $2 method ('GET' | 'PUT'), $3 new body (PUT), $4 fencing token
 -- (null: unfenced), $5 issuer, $6 If-Match version (null: none),
 -- $7 fencing enforced, $8 client id.
 --
 -- Why it is atomic (PostgreSQL, read committed):
--- * `insert ... on conflict (id) do update` either inserts the row, or takes
---   the existing row's lock and evaluates the SET against the newest
---   committed version of that row (not the statement's snapshot). Concurrent
---   statements on the same page therefore queue on the row lock, and each
---   one decides on the state the previous one committed. There is no window
---   between the check and the write: they are the same row update.
--- * Two concurrent first accesses of a page cannot both insert: the loser of
---   the unique-index race waits for the winner and then takes the update path.
--- * The verdict (`last_outcome`) is computed inside that locked update, and
---   every column keeps its old value unless the verdict is accepted/stale; a
---   rejected attempt rewrites the row with identical body, version and fence.
--- * The history row is inserted by the same statement after the row lock is
---   taken (it reads `attempt`'s output), and the lock is held until commit, so
---   within a page history ids follow commit order.
+-- * An UPDATE locks the row it changes. If another statement holds that lock,
+--   this one waits for it to commit, then re-evaluates its WHERE clause on
+--   the newest committed version of the row (EvalPlanQual), not on the
+--   statement's snapshot, and computes the SET from that version. The fence
+--   check (the WHERE clause) and the write are one row update: no other
+--   access of the page comes between them, and concurrent accesses of a page
+--   queue on its row lock, each deciding on what the previous one committed.
+-- * If the check fails on that newest version, the row is neither written
+--   nor kept locked, no history row is inserted and no row is returned.
+-- * The history row is inserted by the same statement from the UPDATE's
+--   output, so after the row lock is taken, and the lock is held until
+--   commit: within a page, history ids follow commit order.
+-- The WHERE clause accepts exactly what fenced_access_locked.sql does not
+-- refuse (issuer_mismatch, stale_token, version_mismatch): keep them in step.
 -- No state lives in the gateway: any number of gateways can share the database.
-with attempt as (
-    insert into pages as p (id, body, version, fence_issuer, fence_token, last_outcome)
-    values (
-        $1::text,
-        case when $2::text = 'PUT' and $6::bigint is null then $3::text end,
-        case when $2 = 'PUT' and $6 is null then 1 else 0 end,
-        case when $4::bigint is not null and not ($2 = 'PUT' and $6 is not null) then $5::text end,
-        case when $4 is not null and not ($2 = 'PUT' and $6 is not null) then $4 end,
-        case when $2 = 'PUT' and $6 is not null then 'version_mismatch' else 'accepted' end
-    )
-    on conflict (id) do update set
-        (body, version, fence_issuer, fence_token, last_outcome, updated_at) = (
-            select
-                case when v.ok and $2 = 'PUT' then $3 else p.body end,
-                case when v.ok and $2 = 'PUT' then p.version + 1 else p.version end,
-                case when v.ok and v.same_issuer then coalesce(p.fence_issuer, $5) else p.fence_issuer end,
-                case when v.ok and v.same_issuer then greatest(p.fence_token, $4) else p.fence_token end,
-                v.outcome,
-                case when v.ok then now() else p.updated_at end
-            from (
-                select o.outcome, o.outcome in ('accepted', 'stale') as ok, o.same_issuer
-                from (
-                    select
-                        case
-                            when $4 is not null and $7::boolean and not s.same_issuer then 'issuer_mismatch'
-                            when $4 is not null and $7 and p.fence_token > $4 then 'stale_token'
-                            when $2 = 'PUT' and $6 is not null and (p.body is null or p.version <> $6) then 'version_mismatch'
-                            when $4 is not null and s.same_issuer and p.fence_token > $4 then 'stale'
-                            else 'accepted'
-                        end as outcome,
-                        s.same_issuer
-                    from (select $4 is not null and coalesce(p.fence_issuer = $5, true) as same_issuer) s
-                ) o
-            ) v
-        )
+with changed as (
+    update pages p set
+        body = case when $2::text = 'PUT' then $3::text else p.body end,
+        version = p.version + case when $2 = 'PUT' then 1 else 0 end,
+        -- The fence moves only with a token of the page's issuer (or of the
+        -- first issuer to fence it), and only up.
+        fence_issuer = case when $4::bigint is not null and coalesce(p.fence_issuer = $5::text, true)
+                            then $5 else p.fence_issuer end,
+        fence_token = case when $4 is not null and coalesce(p.fence_issuer = $5, true)
+                           then greatest(p.fence_token, $4) else p.fence_token end,
+        -- `stale`: accepted with fencing off although older than the fence.
+        last_outcome = case when p.fence_issuer = $5 and p.fence_token > $4
+                            then 'stale' else 'accepted' end,
+        updated_at = now()
+    where p.id = $1::text
+      -- Not issuer_mismatch nor stale_token (when fencing is enforced).
+      and not coalesce($7::boolean and $4 is not null
+                       and (p.fence_issuer <> $5 or p.fence_token > $4), false)
+      -- Not version_mismatch.
+      and not coalesce($2 = 'PUT' and $6::bigint is not null
+                       and (p.body is null or p.version <> $6), false)
     returning p.id, p.body, p.version, p.fence_issuer, p.fence_token, p.last_outcome
 ),
 logged as (
     insert into page_history (page_id, method, outcome, token, issuer, client_id, version, fence_token)
-    select a.id, $2, a.last_outcome, $4, case when $4 is not null then $5 end, $8::text, a.version, a.fence_token
-    from attempt a
+    select id, $2, last_outcome, $4, case when $4 is not null then $5 end, $8::text, version, fence_token
+    from changed
 )
-select id, body, version, fence_issuer, fence_token, last_outcome from attempt
+select id, body, version, fence_issuer, fence_token, last_outcome from changed

@@ -1,0 +1,81 @@
+//! Issue 18: the request pool and a half-open database connection. A proxy
+//! between the gateway and PostgreSQL stops forwarding (what a crashed host
+//! or a dropped NAT entry looks like from the gateway: the connection stays
+//! open and nothing answers). A connection that sat idle is pinged before
+//! reuse, found dead and replaced; the request fails fast with 503 instead
+//! of hanging until its deadline, and the pool heals once the path is back.
+
+mod common;
+
+use std::time::Duration;
+
+use chaos::proxy::{via_proxy, DelayProxy, Mode};
+use common::{keyed, Api};
+use gateway::{FenceCheck, PoolOptions};
+use tokio::time::Instant;
+
+/// The port in `postgres://user@host:PORT/db`.
+fn port_of(url: &str) -> u16 {
+    let after_host = url.rsplit('@').next().unwrap();
+    let port = after_host.split(':').nth(1).unwrap();
+    port.split('/').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_half_open_connection_is_found_by_the_idle_check_and_the_request_fails_fast() {
+    let url = harness::fresh_database().await;
+    let port = port_of(&url);
+    let proxy = DelayProxy::start(([127, 0, 0, 1], port).into())
+        .await
+        .unwrap();
+    let idle_check = Duration::from_millis(300);
+    let request_timeout = Duration::from_secs(60);
+    // Everything the gateway sends PostgreSQL goes through the proxy.
+    let gw = gateway::spawn_with_options(
+        &via_proxy(&url, port, proxy.port()),
+        keyed(FenceCheck::Enforce)
+            .pool_size(2)
+            .pool_options(PoolOptions {
+                check_after_idle: idle_check,
+                ping_timeout: Duration::from_millis(500),
+                acquire_timeout: Duration::from_secs(3),
+                connect_timeout: Duration::from_secs(1),
+                ..PoolOptions::default()
+            })
+            .request_timeout(request_timeout),
+    )
+    .await
+    .unwrap();
+    let api = Api::new(gw.url()).as_client("tester");
+    api.put_fenced("p", "before", 1).await.expect(201);
+    // Busy connections are reused without a ping: a request right after the
+    // last one goes through as usual.
+    api.get("p", &[]).await.expect(200);
+    assert_eq!(gw.state().db.idle_connections(), 1);
+
+    // The path to PostgreSQL goes silent, and the idle connection ages past
+    // the idle check (the condition under test is the time it sat idle).
+    proxy.set_mode(Mode::Hold);
+    tokio::time::sleep(idle_check * 2).await;
+    let started = Instant::now();
+    api.get("p", &[])
+        .await
+        .expect_error(503, "database_unavailable");
+    let took = started.elapsed();
+    assert!(
+        took < request_timeout / 4,
+        "a request on a half-open connection took {took:?}"
+    );
+    assert_eq!(
+        gw.state().db.idle_connections(),
+        0,
+        "the dead connection was closed, not put back"
+    );
+
+    // The path comes back: the pool opens a new connection by itself.
+    proxy.set_mode(Mode::Pass);
+    let page = api.get("p", &[]).await.expect(200);
+    assert_eq!(page.json["body"], "before");
+    api.put_fenced("p", "after", 1).await.expect(200);
+    gw.shutdown().await.unwrap();
+}
