@@ -229,12 +229,41 @@ fn children_of(parent: u32) -> Vec<u32> {
         .collect()
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port that was free a moment ago on 127.0.0.1, for a server a test is
+/// about to start.
+///
+/// Not one of the kernel's ephemeral ports (`ip_local_port_range`, 32768 to
+/// 60999 by default): those are also the source ports of outgoing
+/// connections, so a port that was free when asked could be taken by any
+/// client connection (of this test or another) before the server binds it.
+/// CI saw exactly that: `scripts/stack up` refused a sentinel port that an
+/// outgoing connection had taken meanwhile. The ports handed out here come
+/// from below that range, each once per process (a counter), starting at a
+/// place that depends on the process id so that two test processes at once
+/// rarely meet; a port something else listens on is skipped.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 27_000; // above the default ports of scripts/stack
+    const LAST: u32 = 32_700; // below the default ephemeral range
+    const SPAN: u32 = LAST - FIRST;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id().wrapping_mul(7919)) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
+        // Free on the loopback address and on the wildcard one (a server may
+        // bind either).
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("no free port between {FIRST} and {LAST}")
 }
 
 /// Poll `probe` until it succeeds or `timeout` passes. Returns the last error on timeout.

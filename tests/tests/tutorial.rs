@@ -388,10 +388,13 @@ fn classify(command: &str) -> Result<Run, String> {
 }
 
 /// `for NAME in WORDS; do docker compose exec -T ...; done`: the same
-/// `exec` over several services (which ZooKeeper server leads).
+/// `exec` over several services (which ZooKeeper server leads), also as
+/// `do if docker compose exec -T ...; then ...; fi; done`, so that the loop
+/// succeeds whichever service answers (a loop's status is its last turn's).
 fn is_exec_loop(command: &str) -> bool {
     command.starts_with("for ")
-        && command.contains("; do docker compose exec -T ")
+        && (command.contains("; do docker compose exec -T ")
+            || command.contains("; do if docker compose exec -T "))
         && command.ends_with("; done")
         && command.matches("; do ").count() == 1
         && !command.contains('`')
@@ -483,7 +486,12 @@ fn matcher_follows_the_documented_convention() {
         "LEADER=$(for zk in zk1 zk2 zk3; do docker compose exec -T $zk zkServer.sh status 2>/dev/null | grep -q leader && echo $zk; done)"
     )
     .is_ok());
+    assert!(classify(
+        "LEADER=$(for zk in zk1 zk2 zk3; do if docker compose exec -T $zk zkServer.sh status | grep -q leader; then echo $zk; fi; done)"
+    )
+    .is_ok());
     assert!(classify("for x in a; do rm -rf /; done").is_err());
+    assert!(classify("for x in a; do if rm -rf /; then echo; fi; done").is_err());
     assert!(classify("for x in a; do docker compose exec -T $x ls; done; rm -rf /").is_err());
     assert!(classify("X=$(rm -rf /)").is_err());
     assert!(
