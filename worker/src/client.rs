@@ -52,9 +52,12 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
-/// What a lock holder sends with each request.
+/// What a lock holder offers with each fenced request: its grant's token
+/// and the lock service that issued it (the `Fencing-Token` and
+/// `Fencing-Issuer` headers). Not the page's fence: that is the highest token
+/// the gateway has accepted, which the gateway names `fence`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
+pub struct OfferedToken {
     pub token: Token,
     pub issuer: String,
 }
@@ -248,7 +251,7 @@ impl GatewayClient {
     fn headers(
         &self,
         req: reqwest::RequestBuilder,
-        fence: Option<&Fence>,
+        fence: Option<&OfferedToken>,
     ) -> reqwest::RequestBuilder {
         let mut req = req.header("Client-Id", &self.client_id);
         if let Some(key) = &self.api_key {
@@ -272,7 +275,7 @@ impl GatewayClient {
 
     /// GET the page; with a fence, the read raises the page's fence to our
     /// token. 404 is an empty page at version 0.
-    pub async fn get(&self, page: &str, fence: Option<&Fence>) -> Result<Page, GatewayError> {
+    pub async fn get(&self, page: &str, fence: Option<&OfferedToken>) -> Result<Page, GatewayError> {
         let req = self.headers(self.http.get(self.url(page)), fence);
         let resp = req.send().await.map_err(unreachable)?;
         let status = resp.status();
@@ -313,7 +316,7 @@ impl GatewayClient {
         &self,
         page: &str,
         body: &str,
-        fence: Option<&Fence>,
+        fence: Option<&OfferedToken>,
         if_match: Option<u64>,
     ) -> Result<Written, GatewayError> {
         let mut req = self.headers(self.http.put(self.url(page)), fence);
@@ -381,7 +384,7 @@ fn string_at(v: &Value, key: &str) -> Option<String> {
 
 /// Turn the gateway's JSON error (`{"error": code, "message": ..., details}`)
 /// into a [`GatewayError`].
-fn parse_error(status: StatusCode, text: &str, fence: Option<&Fence>) -> GatewayError {
+fn parse_error(status: StatusCode, text: &str, fence: Option<&OfferedToken>) -> GatewayError {
     let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
     let code = v
         .get("error")
@@ -518,7 +521,7 @@ mod tests {
 
     #[test]
     fn trust_errors_are_parsed_with_their_details() {
-        let fence = Fence {
+        let fence = OfferedToken {
             token: Token::new(7).unwrap(),
             issuer: "redis".into(),
         };

@@ -37,7 +37,7 @@ use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{self, BackendError};
-use crate::client::{Fence, GatewayClient, GatewayError};
+use crate::client::{OfferedToken, GatewayClient, GatewayError};
 use crate::config::{Config, ConfigError, StopAt};
 use crate::events::{Event, EventSink, Stage, Summary};
 use fencelock::{Lease, LockError, LockService, Token};
@@ -379,7 +379,7 @@ impl Workload {
             },
         );
         let fence = match (self.config.fenced(), token) {
-            (true, Some(token)) => Some(Fence {
+            (true, Some(token)) => Some(OfferedToken {
                 token,
                 issuer: lease.issuer().to_string(),
             }),
