@@ -83,6 +83,15 @@ async fn parked(what: &str, n: u64, parked: impl Fn() -> Vec<u64>) {
     .unwrap_or_else(|_| panic!("{what}: not parked ({:?})", parked()));
 }
 
+/// The next grant a waiter task reports, failing the test (not hanging it)
+/// when none comes: a waiter that is never granted times out after `WAIT`.
+async fn next_grant<T>(granted: &mut tokio::sync::mpsc::UnboundedReceiver<T>) -> T {
+    tokio::time::timeout(WAIT + Duration::from_secs(5), granted.recv())
+        .await
+        .expect("no grant came")
+        .expect("the waiter task ended without a grant")
+}
+
 /// Three clients, each on its own session, loop acquire → release on one lock
 /// until `grants` grants were made. Before releasing, the holder waits until
 /// the two others are parked on a watch, so all three are always queued at a
@@ -266,13 +275,13 @@ async fn a_reader_queued_behind_a_writer_waits_for_it_though_readers_hold() {
     assert!(granted.try_recv().is_err(), "granted past a queued writer");
 
     r1.release().await.unwrap();
-    let (who, w_token) = granted.recv().await.unwrap();
+    let (who, w_token) = next_grant(&mut granted).await;
     assert_eq!(who, "writer");
     // The writer holds; the second reader is still parked behind it.
     assert_eq!(c.parked(), 1);
     assert!(granted.try_recv().is_err());
     release_w.send(()).unwrap();
-    let (who, r2_token) = granted.recv().await.unwrap();
+    let (who, r2_token) = next_grant(&mut granted).await;
     assert_eq!(who, "reader 2");
     writer.await.unwrap();
     reader.await.unwrap();
@@ -315,8 +324,8 @@ async fn read_write_tokens_increase_in_grant_order() {
     let w1_token = token(&w1);
     w1.release().await.unwrap();
     // Both readers are granted together; the second writer still waits.
-    let (first, r_a) = granted.recv().await.unwrap();
-    let (second, r_b) = granted.recv().await.unwrap();
+    let (first, r_a) = next_grant(&mut granted).await;
+    let (second, r_b) = next_grant(&mut granted).await;
     let mut readers = [first, second];
     readers.sort_unstable();
     assert_eq!(readers, [1, 2]);
@@ -324,7 +333,7 @@ async fn read_write_tokens_increase_in_grant_order() {
     let reader_tokens = [token(&r_a), token(&r_b)];
     r_a.release().await.unwrap();
     r_b.release().await.unwrap();
-    let (last, w2) = granted.recv().await.unwrap();
+    let (last, w2) = next_grant(&mut granted).await;
     assert_eq!(last, 3);
     let w2_token = token(&w2);
     w2.release().await.unwrap();
