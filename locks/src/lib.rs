@@ -14,7 +14,7 @@
 //! | `redis` | [`redis::RedisLock`] | one Redis server | `INCR` of a counter beside the lock, in the grant's Lua script |
 //! | `redis-sentinel` | [`redis_sentinel::RedisSentinelLock`] | a Redis master with replicas, found through Sentinel | the same `INCR`, on whichever server is master (a failover can re-mint tokens: see the module) |
 //! | `redlock` | [`redlock::Redlock`] | N independent Redis masters | none: [`Fencing::Unfenced`] |
-//! | `zookeeper` | [`zookeeper::ZooKeeperLock`] | a ZooKeeper ensemble | the lock node's creation zxid |
+//! | `zookeeper` | [`zookeeper::ZooKeeperLock`], [`zookeeper::ZooKeeperReadWriteLock`] | a ZooKeeper ensemble | the lock node's creation zxid |
 //! | `lease-postgres` | [`lease_table::LeaseTable::postgres`] | a table in PostgreSQL | a column incremented by the grant's `update` |
 //! | `lease-mysql` | [`lease_table::LeaseTable::mysql`] | a table in MySQL/MariaDB | the same, through `last_insert_id` |
 //!
@@ -160,8 +160,9 @@
 //! - `redis.rs`, `redlock.rs`, `lease_table.rs`: one backend each;
 //!   `redis_sentinel.rs`: the Redis backend on the master Sentinel names.
 //! - `zookeeper/`: `mod.rs` the lock type, `recipe.rs` the queue of
-//!   sequential nodes, `session.rs` the session, cleanup and retry machinery,
-//!   `path.rs` node names, `election.rs` leader election on the same recipe.
+//!   sequential nodes, `rwlock.rs` the read-write lock on the same queue,
+//!   `session.rs` the session, cleanup and retry machinery, `path.rs` node
+//!   names, `election.rs` leader election on the same recipe.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;

@@ -17,6 +17,8 @@
 //! - [`zookeeper`]: ZooKeeper, standalone, or a three-node ensemble on loopback.
 //! - [`zookeeper_hosts`]: a three-node ensemble whose servers each live in
 //!   their own network namespace, so that one can be cut off ([`netns`]).
+//! - [`zookeeper_proxy`]: a proxy between a ZooKeeper client and server that
+//!   loses one reply (or sends one request twice) on purpose.
 //! - [`sentinel`]: a Redis master, its replica and three sentinels.
 //! - [`stack`]: `scripts/stack`, the whole demo topology, on free ports.
 //! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
@@ -33,6 +35,7 @@ pub mod stack;
 pub mod worker_proc;
 pub mod zookeeper;
 pub mod zookeeper_hosts;
+pub mod zookeeper_proxy;
 
 pub use haproxy::Haproxy;
 pub use mariadb::{fresh_mysql_database, MariaDb};
@@ -43,3 +46,4 @@ pub use replication::{PostgresPair, Replication};
 pub use sentinel::SentinelGroup;
 pub use zookeeper::ZooKeeper;
 pub use zookeeper_hosts::ZooKeeperHosts;
+pub use zookeeper_proxy::ZooKeeperProxy;

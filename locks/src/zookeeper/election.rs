@@ -81,9 +81,7 @@ impl Election {
     pub async fn leader(&self) -> Result<Option<Leader>, LockError> {
         let client = self.lock.client().await?;
         let parent = format!("{ELECTIONS_ROOT}/{}", escape_name(&self.name)?);
-        let Some((candidate, czxid)) =
-            recipe::head_of(&client, &parent, self.lock.is_fair()).await?
-        else {
+        let Some((candidate, czxid)) = recipe::head_of(&client, &parent).await? else {
             return Ok(None);
         };
         let epoch = Token::try_from(czxid)

@@ -1,6 +1,17 @@
 //! ZooKeeper: a fair lock on ephemeral-sequential nodes, fenced by the lock
-//! node's creation zxid, plus the non-fair variant and leader election
+//! node's creation zxid, plus the non-fair variant, a read-write lock
+//! ([`ZooKeeperReadWriteLock`]) on the same queue, and leader election
 //! ([`election`]) on the same recipe.
+//!
+//! # Layout
+//! - `mod.rs`: [`ZooKeeperLock`], the grant (renew, release) and the holder lookup.
+//! - `recipe.rs`: the queue and the non-fair node: waiting, protected
+//!   creation, who holds a lock.
+//! - `rwlock.rs`: [`ZooKeeperReadWriteLock`] and its two halves.
+//! - `session.rs`: the session, retries, deleting our own node and only ours,
+//!   cleaning up after dropped acquires.
+//! - `path.rs`: lock names as path segments, the queue's node names.
+//! - `election.rs`: leader election.
 //!
 //! # The recipe
 //! Each contender creates an EPHEMERAL_SEQUENTIAL node
@@ -10,17 +21,39 @@
 //! ZooKeeper recipe and Apache Curator's `InterProcessMutex` node layout, so
 //! Curator clients and this one queue in the same order on the same lock.
 //!
+//! Grants go in queue order, and a release deletes the node before it
+//! returns, so a client that releases and acquires again queues behind
+//! everybody already waiting: clients that are always queued take strict
+//! turns (tested by `three_always_queued_clients_take_strict_turns_on_the_fair_lock`).
+//!
 //! The GUID in the name is Curator's "protected mode": when the connection
 //! drops while the create is in flight, the client cannot know whether the node
 //! was created. It lists the parent and looks for its GUID; without that, a
 //! created-but-unacknowledged node would sit in the queue for the rest of the
-//! session and block every later contender behind it.
+//! session and block every later contender behind it. The listing follows a
+//! `sync`: after reconnecting to another server, a lagging follower could
+//! otherwise answer without the node, and a second create would queue behind
+//! the first. Should a second node with our GUID ever be in the queue anyway,
+//! the waiter deletes it rather than wait behind itself.
 //!
 //! The non-fair variant ([`ZooKeeperLock::non_fair`]) is the naive one: one
 //! plain EPHEMERAL node `/fencing/locks/<name>/lock`; whoever creates it holds
 //! the lock, everybody else watches it and races to create it when it goes.
-//! Every release wakes every waiter (the herd effect). It is here to show that
-//! effect ([`ZooKeeperLock::wakeups`] counts it), not for use.
+//! Every release wakes every waiter (the herd effect), and the client that
+//! just released usually creates the node again before the woken ones do (it
+//! does not share). It is here to show those effects
+//! ([`ZooKeeperLock::wakeups`] counts the herd), not for use.
+//!
+//! Its release must not delete the next holder's node, which sits at the same
+//! path: it deletes the node only after a `sync` and a stat show our creation
+//! zxid (see `session::delete_own` for why, and the window that is left).
+//!
+//! The two variants keep different nodes and neither waits for the other's,
+//! so on one name they would both hold. An acquire that finds the other
+//! variant's nodes under the name (after its own create, so of two racing
+//! acquires the later one always sees the earlier) deletes its node and
+//! fails with [`LockError::InvalidConfig`]. The fair mutex and the read-write
+//! lock share one queue instead: a mutex holder is a writer to the readers.
 //!
 //! # The fencing token: the node's creation zxid
 //! The token is the lock node's `czxid`, the zxid of the transaction that
@@ -76,6 +109,7 @@
 pub mod election;
 mod path;
 mod recipe;
+mod rwlock;
 mod session;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -89,8 +123,12 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 pub use path::escape_name;
+use path::NodeKind;
 use recipe::Held;
-use session::{new_session, spawn_cleanup, watch_session, zk_error, Pending};
+pub use rwlock::{ZooKeeperReadLock, ZooKeeperReadWriteLock, ZooKeeperWriteLock};
+use session::{
+    delete_own, new_session, spawn_cleanup, watch_session, zk_error, Deleted, OwnNode, Pending,
+};
 
 use crate::{
     default_client_id, lost_channel, validate_client_id, AcquireOptions, Fencing, Grant, Holder,
@@ -109,8 +147,19 @@ pub const ELECTIONS_ROOT: &str = "/fencing/elections";
 #[derive(Clone)]
 pub struct ZooKeeperLock {
     inner: Arc<Inner>,
-    fair: bool,
+    recipe: Recipe,
     client_id: Arc<str>,
+}
+
+/// Which recipe an acquire follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recipe {
+    /// The queue, as a mutex.
+    Fair,
+    /// The one ephemeral node.
+    NonFair,
+    /// The queue, as a reader or a writer of a read-write lock.
+    Queue(NodeKind),
 }
 
 struct Inner {
@@ -143,7 +192,7 @@ impl ZooKeeperLock {
                 wakeups: AtomicU64::new(0),
                 parked: AtomicU64::new(0),
             }),
-            fair: true,
+            recipe: Recipe::Fair,
             client_id: default_client_id().into(),
         })
     }
@@ -158,14 +207,16 @@ impl ZooKeeperLock {
     }
 
     /// The naive variant: one plain ephemeral node that every waiter watches.
-    /// Each release wakes every waiter; see [`ZooKeeperLock::wakeups`].
+    /// Each release wakes every waiter; see [`ZooKeeperLock::wakeups`]. A
+    /// name is either fair or non-fair: an acquire that finds the other
+    /// variant's nodes under it fails with [`LockError::InvalidConfig`].
     pub fn non_fair(mut self) -> Self {
-        self.fair = false;
+        self.recipe = Recipe::NonFair;
         self
     }
 
     pub fn is_fair(&self) -> bool {
-        self.fair
+        self.recipe != Recipe::NonFair
     }
 
     /// How many times a waiter on this service was woken by a watch firing.
@@ -212,7 +263,7 @@ impl ZooKeeperLock {
     /// Acquire `name` under `root`, waiting up to `wait` (`None`: forever).
     /// `id` goes into the node's data (who holds it, for operators and for
     /// [`election::Election::leader`]).
-    #[tracing::instrument(name = "zk_acquire", skip(self, opts), fields(fair = self.fair, token))]
+    #[tracing::instrument(name = "zk_acquire", skip(self, opts), fields(recipe = ?self.recipe, token))]
     async fn acquire_node(
         &self,
         root: &str,
@@ -227,36 +278,55 @@ impl ZooKeeperLock {
         let deadline = wait.and_then(|w| start.checked_add(w));
         let guid = uuid::Uuid::new_v4();
         let data = format!("{guid}\n{id}");
-        let held = if self.fair {
-            self.wait_fair(
+        let kind = match self.recipe {
+            Recipe::Fair => NodeKind::Lock,
+            Recipe::Queue(kind) => kind,
+            Recipe::NonFair => {
+                let held = self
+                    .wait_non_fair(
+                        &client,
+                        root,
+                        &parent,
+                        data.as_bytes(),
+                        name,
+                        start,
+                        deadline,
+                    )
+                    .await?;
+                return self.lease(client, name, opts, id, held);
+            }
+        };
+        let held = self
+            .wait_queued(
                 &client,
                 root,
                 &parent,
                 guid,
                 data.as_bytes(),
+                kind,
                 name,
                 start,
                 deadline,
             )
-            .await?
-        } else {
-            self.wait_non_fair(
-                &client,
-                root,
-                &parent,
-                data.as_bytes(),
-                name,
-                start,
-                deadline,
-            )
-            .await?
-        };
+            .await?;
+        self.lease(client, name, opts, id, held)
+    }
+
+    /// The lease for a node we hold.
+    fn lease(
+        &self,
+        client: zk::Client,
+        name: &str,
+        opts: AcquireOptions,
+        id: &str,
+        held: Held,
+    ) -> Result<Lease, LockError> {
         let Held {
-            path,
-            czxid,
+            node,
             proven_at,
             mut cleanup,
         } = held;
+        let czxid = node.czxid;
         let session_timeout = client.session_timeout();
         let trigger = lost_channel();
         let monitor = CancellationToken::new();
@@ -269,8 +339,7 @@ impl ZooKeeperLock {
         let grant = Arc::new(ZkGrant {
             name: name.to_string(),
             client: client.clone(),
-            path,
-            czxid,
+            node,
             session_timeout,
             released: AtomicBool::new(false),
             monitor,
@@ -321,9 +390,11 @@ impl HolderLookup for ZooKeeperLock {
         ISSUER
     }
 
-    /// `sync`, then the head of the lock's queue and its data: the holder's
-    /// client id and czxid. Looks at the queue of this service's kind (fair
-    /// or not).
+    /// `sync`, then the lock's exclusive holder and its data: the holder's
+    /// client id and czxid. Whatever variant holds it: the head of the queue
+    /// when that is a fair mutex or a writer of a read-write lock, or the
+    /// non-fair node. `None` while readers hold it: they share it, and a
+    /// reader's token is not one a fenced write should be accepted with.
     fn current_holder<'a>(
         &'a self,
         name: &'a str,
@@ -331,8 +402,7 @@ impl HolderLookup for ZooKeeperLock {
         Box::pin(async move {
             let parent = format!("{LOCKS_ROOT}/{}", escape_name(name)?);
             let client = self.client().await?;
-            let Some((client_id, czxid)) = recipe::head_of(&client, &parent, self.fair).await?
-            else {
+            let Some((client_id, czxid)) = recipe::head_of(&client, &parent).await? else {
                 return Ok(None);
             };
             let token = Token::try_from(czxid)
@@ -348,8 +418,7 @@ struct ZkGrant {
     /// The session that owns the node. After it expires every call fails, so a
     /// late release can never delete a node of a later session.
     client: zk::Client,
-    path: String,
-    czxid: i64,
+    node: OwnNode,
     session_timeout: Duration,
     released: AtomicBool,
     monitor: CancellationToken,
@@ -369,11 +438,11 @@ impl Grant for ZkGrant {
     /// server heard from us at or after the send) and the node still ours.
     fn renew(&self, ttl: Duration) -> BoxFuture<'_, Result<Duration, LockError>> {
         Box::pin(async move {
-            match self.client.check_stat(&self.path).await {
-                Ok(Some(stat)) if stat.czxid == self.czxid => {
+            match self.client.check_stat(&self.node.path).await {
+                Ok(Some(stat)) if stat.czxid == self.node.czxid => {
                     Ok(ZooKeeperLock::validity_for(ttl, self.session_timeout))
                 }
-                Ok(_) => Err(self.not_held(format!("lock node {} is gone", self.path))),
+                Ok(_) => Err(self.not_held(format!("lock node {} is gone", self.node.path))),
                 Err(e @ (zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
                     Err(self.not_held(format!("zookeeper session ended: {e}")))
                 }
@@ -382,36 +451,28 @@ impl Grant for ZkGrant {
         })
     }
 
+    /// Delete our node, and only ours ([`delete_own`]), retrying through
+    /// connection losses for up to the session timeout (after that the
+    /// session has either moved to another server or ended).
     fn release(&self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(async move {
             self.monitor.cancel();
-            let mut retried = false;
-            let result = loop {
-                match self.client.delete(&self.path, None).await {
-                    Ok(()) => break Ok(()),
-                    // After a connection loss the first delete may have gone through.
-                    Err(zk::Error::NoNode) if retried => break Ok(()),
-                    Err(zk::Error::NoNode) => {
-                        break Err(
-                            self.not_held(format!("lock node {} was already gone", self.path))
-                        )
-                    }
-                    Err(e @ (zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
-                        break Err(self.not_held(format!("zookeeper session ended: {e}")))
-                    }
-                    Err(zk::Error::ConnectionLoss) if !retried => {
-                        retried = true;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    Err(e) => break Err(zk_error(e)),
+            let result = match delete_own(&self.client, &self.node, self.session_timeout).await {
+                Ok(Deleted::Now) => Ok(()),
+                Ok(Deleted::Before) => {
+                    Err(self.not_held(format!("lock node {} was already gone", self.node.path)))
                 }
+                Err(e @ (zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
+                    Err(self.not_held(format!("zookeeper session ended: {e}")))
+                }
+                Err(e) => Err(zk_error(e)),
             };
             // Only a release that is known to have taken effect (or found the
             // node already gone) counts. Otherwise the node may still exist in
             // a session that lives on (a server restart shorter than the
             // session timeout), and this client would queue behind its own
             // node forever: leave `released` unset so that Drop hands the node
-            // to the background cleanup, which retries until it is gone.
+            // to the background cleanup, which keeps trying.
             if matches!(result, Ok(()) | Err(LockError::NotHeld { .. })) {
                 self.released.store(true, Ordering::SeqCst);
             }
@@ -426,7 +487,7 @@ impl Drop for ZkGrant {
         if !self.released.load(Ordering::SeqCst) {
             // A lease dropped without release: do not keep the lock for the
             // rest of a long-lived session.
-            spawn_cleanup(self.client.clone(), Pending::Created(self.path.clone()));
+            spawn_cleanup(self.client.clone(), Pending::Created(self.node.clone()));
         }
     }
 }

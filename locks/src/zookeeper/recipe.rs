@@ -1,30 +1,35 @@
-//! The recipe: the queue of ephemeral-sequential nodes (fair) or the one
-//! ephemeral node (non-fair), protected creation, and reading the head of the
-//! queue.
+//! The recipes: the queue of ephemeral-sequential nodes (the fair mutex and
+//! both halves of the read-write lock) or the one ephemeral node (non-fair),
+//! protected creation, and reading who holds a lock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::path::{node_name, sequence_of, FAIR_NODE, NON_FAIR_NODE};
+use super::path::{node_name, queue_of, NodeKind, NON_FAIR_NODE};
 use super::session::{
-    retry, session_still_alive, timeout, zk_error, Cleanup, Pending, CONNECTION_LOSS_RETRIES,
+    find_by_guid, retry, session_still_alive, timeout, zk_error, Cleanup, OwnNode, Pending,
+    CONNECTION_LOSS_RETRIES,
 };
 use super::{ZooKeeperLock, ISSUER};
 use crate::LockError;
 
 impl ZooKeeperLock {
-    /// The fair recipe: create our sequential node, then wait until it is the
-    /// lowest, watching only the node just before ours.
+    /// The queue recipe: create our sequential node, then wait until nothing
+    /// queued before it stands in our way, watching only the one node whose
+    /// deletion can change that. A mutex or writer waits for every node
+    /// before it and watches its predecessor; a reader waits only for the
+    /// exclusive nodes (writers, mutexes) before it and watches the nearest.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn wait_fair(
+    pub(super) async fn wait_queued(
         &self,
         client: &zk::Client,
         root: &str,
         parent: &str,
         guid: uuid::Uuid,
         data: &[u8],
+        kind: NodeKind,
         name: &str,
         start: Instant,
         deadline: Option<Instant>,
@@ -32,12 +37,12 @@ impl ZooKeeperLock {
         let guid_prefix = format!("_c_{guid}-");
         let mut cleanup = Cleanup::new(
             client.clone(),
-            Pending::FairCreating {
+            Pending::QueueCreating {
                 parent: parent.to_string(),
                 guid_prefix: guid_prefix.clone(),
             },
         );
-        let prefix = format!("{parent}/{guid_prefix}{FAIR_NODE}");
+        let prefix = format!("{parent}/{guid_prefix}{}", kind.infix());
         // Pipelined: the getChildren is sent right behind the create, before
         // its answer. ZooKeeper answers one session's requests in order, so
         // the listing already holds our node (found by its GUID): an
@@ -51,14 +56,13 @@ impl ZooKeeperLock {
         let created_at_once = created.is_ok();
         let (path, stat) =
             create_protected(client, root, parent, &prefix, &guid_prefix, data, created).await?;
-        cleanup.pending = Pending::Created(path.clone());
-        let ours = node_name(&path).to_string();
-        let our_seq = sequence_of(&ours).ok_or_else(|| {
-            LockError::protocol(
-                ISSUER,
-                format!("created node {path} has no sequence suffix"),
-            )
-        })?;
+        let node = OwnNode {
+            path,
+            czxid: stat.czxid,
+            reused_path: false,
+        };
+        cleanup.pending = Pending::Created(node.clone());
+        let ours = node_name(&node.path).to_string();
         let mut first = match listed {
             Ok(children) if created_at_once => Some(children),
             _ => None,
@@ -74,34 +78,56 @@ impl ZooKeeperLock {
                     (sent, children)
                 }
             };
-            let mut queue: Vec<(i64, &str)> = children
+            if children.iter().any(|c| c == NON_FAIR_NODE) {
+                cleanup.delete_now().await;
+                return Err(mixed_variants(name, "the non-fair variant"));
+            }
+            let queue = queue_of(&children);
+            // Nodes with our GUID that are not the one we know: a create of
+            // ours that was applied twice (its reply lost, the recovery's
+            // listing missed it). Waiting on one would be waiting on
+            // ourselves until the session ends: delete them instead.
+            let strays: Vec<String> = queue
                 .iter()
-                .filter(|c| c.starts_with("_c_") && c.contains(FAIR_NODE))
-                .filter_map(|c| sequence_of(c).map(|s| (s, c.as_str())))
+                .filter(|n| n.name.starts_with(&guid_prefix) && n.name != ours)
+                .map(|n| format!("{parent}/{}", n.name))
                 .collect();
-            queue.sort_unstable();
-            let Some(pos) = queue.iter().position(|(s, c)| *s == our_seq && *c == ours) else {
+            if !strays.is_empty() {
+                for stray in &strays {
+                    tracing::warn!(lock = %name, node = node_name(stray), "deleting a second node of ours");
+                    match retry(|| client.delete(stray, None)).await {
+                        Ok(()) | Err(zk::Error::NoNode) => {}
+                        Err(e) => return Err(zk_error(e)),
+                    }
+                }
+                continue;
+            }
+            let Some(pos) = queue.iter().position(|n| n.name == ours) else {
                 return Err(LockError::NotHeld {
                     name: name.to_string(),
                     reason: format!(
-                        "our lock node {path} vanished while waiting (session expired?)"
+                        "our lock node {} vanished while waiting (session expired?)",
+                        node.path
                     ),
                 });
             };
-            if pos == 0 {
+            let blocker = match kind {
+                NodeKind::Read => queue[..pos].iter().rev().find(|n| n.kind.is_exclusive()),
+                NodeKind::Lock | NodeKind::Write => pos.checked_sub(1).map(|p| &queue[p]),
+            };
+            let Some(blocker) = blocker else {
                 return Ok(Held {
-                    path,
-                    czxid: stat.czxid,
+                    node,
                     proven_at: sent,
                     cleanup,
                 });
-            }
+            };
+            let blocker = format!("{parent}/{}", blocker.name);
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 cleanup.delete_now().await;
                 return Err(timeout(name, start));
             }
-            let predecessor = format!("{parent}/{}", queue[pos - 1].1);
-            let (exists, watcher) = retry(|| client.check_and_watch_stat(&predecessor))
+            let (exists, watcher) = retry(|| client.check_and_watch_stat(&blocker))
                 .await
                 .map_err(zk_error)?;
             if exists.is_none() {
@@ -119,6 +145,13 @@ impl ZooKeeperLock {
 
     /// The non-fair recipe: try to create the one node; if it exists, watch it
     /// and try again when it changes. Everybody watches the same node.
+    ///
+    /// Every create is followed (pipelined) by a listing of the parent: when
+    /// queue nodes are there, a fair lock or a read-write lock uses the same
+    /// name, and the two would not exclude each other, so we refuse (and
+    /// delete our node if we made one). The queue recipe refuses the same way
+    /// when it sees this node. Both look after their own create, so of two
+    /// that race, the later one always sees the earlier one: never both hold.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn wait_non_fair(
         &self,
@@ -141,38 +174,68 @@ impl ZooKeeperLock {
         let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
         loop {
             let sent = Instant::now();
-            match client.create(&path, data, &ephemeral).await {
-                Ok((stat, _)) => {
-                    cleanup.pending = Pending::Created(path.clone());
-                    return Ok(Held {
-                        path,
-                        czxid: stat.czxid,
-                        proven_at: sent,
-                        cleanup,
-                    });
+            let (created, listed) = tokio::join!(
+                client.create(&path, data, &ephemeral),
+                client.list_children(parent)
+            );
+            let czxid = match created {
+                Ok((stat, _)) => Some(stat.czxid),
+                Err(zk::Error::NodeExists) => {
+                    if let Ok(children) = &listed {
+                        refuse_queue(children, name)?;
+                    }
+                    None
                 }
-                Err(zk::Error::NodeExists) => {}
                 Err(zk::Error::NoNode) => {
                     ensure_parent(client, root, parent).await?;
                     continue;
                 }
                 Err(zk::Error::ConnectionLoss) => {
-                    // Protected mode for the single node: the data carries our GUID.
-                    match retry(|| client.get_data(&path)).await {
-                        Ok((stored, stat)) if stored == data => {
-                            cleanup.pending = Pending::Created(path.clone());
-                            return Ok(Held {
-                                path,
-                                czxid: stat.czxid,
-                                proven_at: sent,
-                                cleanup,
-                            });
-                        }
+                    // Protected mode for the single node: the data carries
+                    // our GUID. `sync` first, for the same reason as
+                    // `find_by_guid`.
+                    let read = retry(|| async {
+                        let (synced, read) =
+                            tokio::join!(client.sync(&path), client.get_data(&path));
+                        synced.and(read)
+                    })
+                    .await;
+                    match read {
+                        Ok((stored, stat)) if stored == data => Some(stat.czxid),
                         Ok(_) | Err(zk::Error::NoNode) => continue,
                         Err(e) => return Err(zk_error(e)),
                     }
                 }
                 Err(e) => return Err(zk_error(e)),
+            };
+            if let Some(czxid) = czxid {
+                let node = OwnNode {
+                    path,
+                    czxid,
+                    reused_path: true,
+                };
+                cleanup.pending = Pending::Created(node.clone());
+                // The listing that matters is one answered after our create.
+                let children = match listed {
+                    Ok(children) if has_non_fair_node(&children) => Ok(children),
+                    _ => retry(|| client.list_children(parent)).await,
+                };
+                match children
+                    .map_err(zk_error)
+                    .and_then(|c| refuse_queue(&c, name))
+                {
+                    Ok(()) => {
+                        return Ok(Held {
+                            node,
+                            proven_at: sent,
+                            cleanup,
+                        })
+                    }
+                    Err(e) => {
+                        cleanup.delete_now().await;
+                        return Err(e);
+                    }
+                }
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(timeout(name, start));
@@ -206,10 +269,34 @@ impl ZooKeeperLock {
     }
 }
 
+/// Whether a listing sent right behind our create shows the node (it was
+/// answered after the create, so it must, unless the create failed).
+fn has_non_fair_node(children: &[String]) -> bool {
+    children.iter().any(|c| c == NON_FAIR_NODE)
+}
+
+/// The non-fair side of the refusal: queue nodes under the parent.
+fn refuse_queue(children: &[String], name: &str) -> Result<(), LockError> {
+    match queue_of(children).first() {
+        Some(n) if n.kind == NodeKind::Lock => Err(mixed_variants(name, "the fair lock")),
+        Some(_) => Err(mixed_variants(name, "a read-write lock")),
+        None => Ok(()),
+    }
+}
+
+/// The fair and the non-fair recipe keep different nodes under the same
+/// parent and neither waits for the other's: on one name they would both hold.
+fn mixed_variants(name: &str, other: &str) -> LockError {
+    LockError::InvalidConfig(format!(
+        "zookeeper lock {name:?} is in use by {other}: the fair and the non-fair \
+         recipes do not exclude each other, so they are refused on the same name \
+         (use one variant for a name everywhere)"
+    ))
+}
+
 /// A lock node we hold, and what proves it.
 pub(super) struct Held {
-    pub(super) path: String,
-    pub(super) czxid: i64,
+    pub(super) node: OwnNode,
     /// When the last round trip that showed us the holder was sent.
     pub(super) proven_at: Instant,
     pub(super) cleanup: Cleanup,
@@ -232,7 +319,8 @@ impl Drop for Parked<'_> {
 }
 
 /// Create our sequential node; after a connection loss, find it by GUID
-/// instead of creating a second one (Curator's protected mode).
+/// (after a `sync`) instead of creating a second one (Curator's protected
+/// mode).
 async fn create_protected(
     client: &zk::Client,
     root: &str,
@@ -249,13 +337,11 @@ async fn create_protected(
             Ok((stat, seq)) => return Ok((format!("{prefix}{seq}"), stat)),
             Err(zk::Error::NoNode) => ensure_parent(client, root, parent).await?,
             Err(zk::Error::ConnectionLoss) => {
-                let children = retry(|| client.list_children(parent))
+                if let Some(found) = find_by_guid(client, parent, guid_prefix)
                     .await
-                    .map_err(zk_error)?;
-                if let Some(child) = children.into_iter().find(|c| c.starts_with(guid_prefix)) {
-                    let path = format!("{parent}/{child}");
-                    let (_, stat) = retry(|| client.get_data(&path)).await.map_err(zk_error)?;
-                    return Ok((path, stat));
+                    .map_err(zk_error)?
+                {
+                    return Ok(found);
                 }
             }
             Err(e) => return Err(zk_error(e)),
@@ -282,9 +368,15 @@ async fn ensure_parent(client: &zk::Client, root: &str, parent: &str) -> Result<
     }
 }
 
-/// The head of a lock's queue (the holder) as ZooKeeper sees it now: the
-/// node's data after the GUID line (the holder's id) and its czxid (the
-/// holder's token). `None` when nobody holds it.
+/// Who holds a lock exclusively as ZooKeeper sees it now: the node's data
+/// after the GUID line (the holder's id) and its czxid (the holder's token).
+/// `None` when nobody does: free, or held by readers (they share it, and no
+/// one of them is *the* holder).
+///
+/// The holder is the head of the queue (a mutex or a writer), or the
+/// non-fair node. Both can be there for a moment when the two variants are
+/// mixed on one name and one of them is backing out; then the older one
+/// holds (the younger saw it and refuses).
 ///
 /// The `sync` is pipelined with the listing: ZooKeeper answers a session's
 /// requests in order and a read after a `sync` reflects every write the
@@ -293,47 +385,45 @@ async fn ensure_parent(client: &zk::Client, root: &str, parent: &str) -> Result<
 pub(super) async fn head_of(
     client: &zk::Client,
     parent: &str,
-    fair: bool,
 ) -> Result<Option<(String, i64)>, LockError> {
-    let path = if fair {
-        let (synced, listed) = tokio::join!(client.sync(parent), client.list_children(parent));
-        let children = match synced.and(listed) {
+    let (synced, listed) = tokio::join!(client.sync(parent), client.list_children(parent));
+    let children = match synced.and(listed) {
+        Ok(c) => c,
+        Err(zk::Error::NoNode) => return Ok(None),
+        Err(zk::Error::ConnectionLoss) => match retry(|| client.list_children(parent)).await {
             Ok(c) => c,
             Err(zk::Error::NoNode) => return Ok(None),
-            Err(zk::Error::ConnectionLoss) => match retry(|| client.list_children(parent)).await {
-                Ok(c) => c,
-                Err(zk::Error::NoNode) => return Ok(None),
-                Err(e) => return Err(zk_error(e)),
-            },
             Err(e) => return Err(zk_error(e)),
-        };
-        let lowest = children
-            .iter()
-            .filter(|c| c.starts_with("_c_") && c.contains(FAIR_NODE))
-            .filter_map(|c| sequence_of(c).map(|s| (s, c)))
-            .min();
-        match lowest {
-            Some((_, c)) => format!("{parent}/{c}"),
-            None => return Ok(None),
-        }
-    } else {
-        match retry(|| client.sync(parent)).await {
-            Ok(()) | Err(zk::Error::NoNode) => {}
-            Err(e) => return Err(zk_error(e)),
-        }
-        format!("{parent}/{NON_FAIR_NODE}")
+        },
+        Err(e) => return Err(zk_error(e)),
     };
-    match retry(|| client.get_data(&path)).await {
-        Ok((data, stat)) => {
-            let text = String::from_utf8_lossy(&data);
-            // Node data is "<guid>\n<id>".
-            let id = text.split_once('\n').map_or(&*text, |(_, c)| c).to_string();
-            Ok(Some((id, stat.czxid)))
+    let head = queue_of(&children)
+        .first()
+        .map(|n| (n.name.to_string(), n.kind.is_exclusive()));
+    let non_fair = has_non_fair_node(&children).then(|| (NON_FAIR_NODE.to_string(), true));
+    let mut oldest: Option<(i64, bool, String)> = None;
+    for (child, exclusive) in head.into_iter().chain(non_fair) {
+        let path = format!("{parent}/{child}");
+        match retry(|| client.get_data(&path)).await {
+            Ok((data, stat)) => {
+                if oldest
+                    .as_ref()
+                    .is_none_or(|(czxid, ..)| stat.czxid < *czxid)
+                {
+                    let text = String::from_utf8_lossy(&data);
+                    // Node data is "<guid>\n<id>".
+                    let id = text.split_once('\n').map_or(&*text, |(_, c)| c).to_string();
+                    oldest = Some((stat.czxid, exclusive, id));
+                }
+            }
+            Err(zk::Error::NoNode) => {
+                tracing::debug!(node = %child, "head node went while reading it");
+            }
+            Err(e) => return Err(zk_error(e)),
         }
-        Err(zk::Error::NoNode) => {
-            tracing::debug!(node = node_name(&path), "head node went while reading it");
-            Ok(None)
-        }
-        Err(e) => Err(zk_error(e)),
     }
+    Ok(match oldest {
+        Some((czxid, true, id)) => Some((id, czxid)),
+        _ => None,
+    })
 }

@@ -48,11 +48,104 @@ pub(super) async fn watch_session(
     }
 }
 
+/// A lock node this client created, and what proves it is still ours.
+#[derive(Debug, Clone)]
+pub(super) struct OwnNode {
+    pub(super) path: String,
+    pub(super) czxid: i64,
+    /// The non-fair lock's fixed path `{parent}/lock`: the next holder creates
+    /// its node under the same name, so a name alone does not say whose it
+    /// is. Queue nodes carry our GUID in their names and are never reused.
+    pub(super) reused_path: bool,
+}
+
+/// What [`delete_own`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Deleted {
+    /// Our node is gone, by this call (or by its earlier attempt whose reply
+    /// was lost).
+    Now,
+    /// It was gone before the first attempt: not held any more.
+    Before,
+}
+
+/// Delete our node and only ours, retrying through connection losses for up
+/// to `patience` while the session lives.
+///
+/// A queue node's name holds our GUID, so deleting it by name can only ever
+/// delete ours. The non-fair lock's fixed path is the hard case: when the
+/// reply to a delete that did succeed is lost, the next holder may already
+/// have created its own node at the same path, and a blind retry would
+/// delete it. So that node is deleted only after a `sync` and a stat show it
+/// still has our creation zxid, and then with the version the stat read.
+///
+/// Why the `sync` and what is left: ZooKeeper applies one session's requests
+/// in order, and refuses requests still in flight from a connection the
+/// session has since moved away from (SESSIONMOVED). After the reconnect, the
+/// sync (answered by the leader once what it had proposed before is
+/// committed) and the stat therefore see the first delete if it was ever
+/// going to be applied. The version does not tell holders apart (every holder's
+/// node is created with version 0; ZooKeeper's multi-op `check` compares only
+/// that version, not the czxid, so it adds nothing). The window left is a
+/// delete of our node by somebody else between our stat and our delete, with
+/// the next holder re-creating it in between: nothing in this protocol deletes
+/// another client's node, so only an operator or a foreign client can open it.
+pub(super) async fn delete_own(
+    client: &zk::Client,
+    node: &OwnNode,
+    patience: Duration,
+) -> Result<Deleted, zk::Error> {
+    let deadline = Instant::now() + patience;
+    let mut delay = Duration::from_millis(50);
+    let mut lost_a_reply = false;
+    let gone = |lost_a_reply| {
+        if lost_a_reply {
+            Deleted::Now
+        } else {
+            Deleted::Before
+        }
+    };
+    loop {
+        let version = if node.reused_path {
+            let (synced, stat) =
+                tokio::join!(client.sync(&node.path), client.check_stat(&node.path));
+            match synced.and(stat) {
+                Ok(Some(stat)) if stat.czxid == node.czxid => Some(stat.version),
+                Ok(_) | Err(zk::Error::NoNode) => return Ok(gone(lost_a_reply)),
+                Err(zk::Error::ConnectionLoss)
+                    if Instant::now() < deadline && !client.state().is_terminated() =>
+                {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        match client.delete(&node.path, version).await {
+            Ok(()) => return Ok(Deleted::Now),
+            Err(zk::Error::NoNode) => return Ok(gone(lost_a_reply)),
+            // Changed between our stat and our delete: look again.
+            Err(zk::Error::BadVersion) => continue,
+            Err(zk::Error::ConnectionLoss)
+                if Instant::now() < deadline && !client.state().is_terminated() =>
+            {
+                lost_a_reply = true;
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// What a dropped acquire leaves behind and must delete.
 pub(super) enum Pending {
     Nothing,
-    /// A fair create was sent; its node (if any) carries this GUID prefix.
-    FairCreating {
+    /// A queue create was sent; its node (if any) carries this GUID prefix.
+    QueueCreating {
         parent: String,
         guid_prefix: String,
     },
@@ -62,7 +155,7 @@ pub(super) enum Pending {
         data: Vec<u8>,
     },
     /// This node is ours.
-    Created(String),
+    Created(OwnNode),
 }
 
 /// Deletes what [`Pending`] names when dropped before [`Cleanup::disarm`].
@@ -109,32 +202,72 @@ pub(super) fn spawn_cleanup(client: zk::Client, pending: Pending) {
     }
 }
 
+/// How long the background cleanup keeps trying through connection losses: an
+/// abandoned node must not outlive a server restart shorter than the session
+/// timeout. Once the session has ended, the ephemeral node is gone anyway.
+const CLEANUP_PATIENCE: Duration = Duration::from_secs(120);
+
 pub(super) async fn clean(client: &zk::Client, pending: Pending) {
-    let path = match pending {
+    let node = match pending {
         Pending::Nothing => return,
-        Pending::Created(path) => Some(path),
-        Pending::FairCreating {
+        Pending::Created(node) => Some(node),
+        Pending::QueueCreating {
             parent,
             guid_prefix,
-        } => match retry(|| client.list_children(&parent)).await {
-            Ok(children) => children
-                .into_iter()
-                .find(|c| c.starts_with(&guid_prefix))
-                .map(|c| format!("{parent}/{c}")),
-            Err(_) => None,
+        } => match find_by_guid(client, &parent, &guid_prefix).await {
+            Ok(Some((path, stat))) => Some(OwnNode {
+                path,
+                czxid: stat.czxid,
+                reused_path: false,
+            }),
+            Ok(None) | Err(_) => None,
         },
         Pending::NonFairCreating { path, data } => match retry(|| client.get_data(&path)).await {
-            Ok((stored, _)) if stored == data => Some(path),
+            Ok((stored, stat)) if stored == data => Some(OwnNode {
+                path,
+                czxid: stat.czxid,
+                reused_path: true,
+            }),
             _ => None,
         },
     };
-    if let Some(path) = path {
-        match retry_while_session_lives(client, || client.delete(&path, None)).await {
-            Ok(()) | Err(zk::Error::NoNode) => {
-                tracing::debug!(%path, "abandoned lock node deleted")
+    if let Some(node) = node {
+        match delete_own(client, &node, CLEANUP_PATIENCE).await {
+            Ok(_) => tracing::debug!(path = %node.path, "abandoned lock node deleted"),
+            Err(e) => {
+                tracing::debug!(path = %node.path, "could not delete abandoned lock node: {e}")
             }
-            Err(e) => tracing::debug!(%path, "could not delete abandoned lock node: {e}"),
         }
+    }
+}
+
+/// Our queue node, found by the GUID in its name, after a `sync`: a session
+/// that reconnected to another server must not miss a node that the server
+/// it lost created for it (the create whose reply never came). Without the
+/// sync a lagging follower could answer without it, and the caller would
+/// create a second node that then waits behind the first, its own.
+pub(super) async fn find_by_guid(
+    client: &zk::Client,
+    parent: &str,
+    guid_prefix: &str,
+) -> Result<Option<(String, zk::Stat)>, zk::Error> {
+    let children = retry(|| async {
+        let (synced, listed) = tokio::join!(client.sync(parent), client.list_children(parent));
+        synced.and(listed)
+    })
+    .await;
+    let children = match children {
+        Ok(c) => c,
+        Err(zk::Error::NoNode) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let Some(child) = children.into_iter().find(|c| c.starts_with(guid_prefix)) else {
+        return Ok(None);
+    };
+    let path = format!("{parent}/{child}");
+    match retry(|| client.check_stat(&path)).await? {
+        Some(stat) => Ok(Some((path, stat))),
+        None => Ok(None),
     }
 }
 
@@ -151,33 +284,6 @@ where
             Err(zk::Error::ConnectionLoss) if tries < CONNECTION_LOSS_RETRIES => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            result => return result,
-        }
-    }
-}
-
-/// Retry `op` through connection losses for as long as the session can still
-/// be alive (bounded at two minutes): an abandoned node must not outlive a
-/// server restart shorter than the session timeout. Once the session has
-/// ended, the ephemeral node is gone anyway.
-pub(super) async fn retry_while_session_lives<T, F, Fut>(
-    client: &zk::Client,
-    mut op: F,
-) -> Result<T, zk::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, zk::Error>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut delay = Duration::from_millis(50);
-    loop {
-        match op().await {
-            Err(zk::Error::ConnectionLoss)
-                if Instant::now() < deadline && !client.state().is_terminated() =>
-            {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
             }
             result => return result,
         }
