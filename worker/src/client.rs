@@ -275,7 +275,11 @@ impl GatewayClient {
 
     /// GET the page; with a fence, the read raises the page's fence to our
     /// token. 404 is an empty page at version 0.
-    pub async fn get(&self, page: &str, fence: Option<&OfferedToken>) -> Result<Page, GatewayError> {
+    pub async fn get(
+        &self,
+        page: &str,
+        fence: Option<&OfferedToken>,
+    ) -> Result<Page, GatewayError> {
         let req = self.headers(self.http.get(self.url(page)), fence);
         let resp = req.send().await.map_err(unreachable)?;
         let status = resp.status();

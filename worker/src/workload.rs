@@ -37,7 +37,7 @@ use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{self, BackendError};
-use crate::client::{OfferedToken, GatewayClient, GatewayError};
+use crate::client::{GatewayClient, GatewayError, OfferedToken};
 use crate::config::{Config, ConfigError, StopAt};
 use crate::events::{Event, EventSink, Stage, Summary};
 use fencelock::{Lease, LockError, LockService, Token};

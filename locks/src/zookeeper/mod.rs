@@ -127,7 +127,8 @@ use path::NodeKind;
 use recipe::Held;
 pub use rwlock::{ZooKeeperReadLock, ZooKeeperReadWriteLock, ZooKeeperWriteLock};
 use session::{
-    delete_own, new_session, spawn_cleanup, watch_session, zk_error, Deleted, OwnNode, Pending,
+    delete_own, new_session, spawn_cleanup, watch_session, zk_error, Deleted, FirstAttempt,
+    OwnNode, Pending,
 };
 
 use crate::{
@@ -457,7 +458,14 @@ impl Grant for ZkGrant {
     fn release(&self) -> BoxFuture<'_, Result<(), LockError>> {
         Box::pin(async move {
             self.monitor.cancel();
-            let result = match delete_own(&self.client, &self.node, self.session_timeout).await {
+            let result = match delete_own(
+                &self.client,
+                &self.node,
+                self.session_timeout,
+                FirstAttempt::Blind,
+            )
+            .await
+            {
                 Ok(Deleted::Now) => Ok(()),
                 Ok(Deleted::Before) => {
                     Err(self.not_held(format!("lock node {} was already gone", self.node.path)))

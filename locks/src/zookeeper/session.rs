@@ -90,14 +90,25 @@ pub(super) enum Deleted {
 /// delete of our node by somebody else between our stat and our delete, with
 /// the next holder re-creating it in between: nothing in this protocol deletes
 /// another client's node, so only an operator or a foreign client can open it.
+///
+/// `first_attempt: FirstAttempt::Blind` (the release, when no delete of this
+/// node was ever sent) skips the check on the first try: the node at the path
+/// is ours until something deletes it, our session is the only client in the
+/// protocol that does, and it has not tried yet (if the session ended, the
+/// delete fails with `SessionExpired` and touches nothing). That saves the
+/// `sync` and the stat (a round trip through the leader) on every uncontended
+/// release. Every retry, and the background cleanup (which may follow a
+/// release whose reply was lost), checks.
 pub(super) async fn delete_own(
     client: &zk::Client,
     node: &OwnNode,
     patience: Duration,
+    first_attempt: FirstAttempt,
 ) -> Result<Deleted, zk::Error> {
     let deadline = Instant::now() + patience;
     let mut delay = Duration::from_millis(50);
     let mut lost_a_reply = false;
+    let mut blind = first_attempt == FirstAttempt::Blind;
     let gone = |lost_a_reply| {
         if lost_a_reply {
             Deleted::Now
@@ -106,7 +117,7 @@ pub(super) async fn delete_own(
         }
     };
     loop {
-        let version = if node.reused_path {
+        let version = if node.reused_path && !std::mem::take(&mut blind) {
             let (synced, stat) =
                 tokio::join!(client.sync(&node.path), client.check_stat(&node.path));
             match synced.and(stat) {
@@ -139,6 +150,15 @@ pub(super) async fn delete_own(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Whether [`delete_own`] may skip the ownership check on its first try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FirstAttempt {
+    /// No delete of this node was ever sent: the node is ours.
+    Blind,
+    /// A delete may have been sent before (its reply lost): check first.
+    Checked,
 }
 
 /// What a dropped acquire leaves behind and must delete.
@@ -232,7 +252,7 @@ pub(super) async fn clean(client: &zk::Client, pending: Pending) {
         },
     };
     if let Some(node) = node {
-        match delete_own(client, &node, CLEANUP_PATIENCE).await {
+        match delete_own(client, &node, CLEANUP_PATIENCE, FirstAttempt::Checked).await {
             Ok(_) => tracing::debug!(path = %node.path, "abandoned lock node deleted"),
             Err(e) => {
                 tracing::debug!(path = %node.path, "could not delete abandoned lock node: {e}")
