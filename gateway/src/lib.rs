@@ -87,6 +87,7 @@ pub mod error;
 pub mod http;
 pub mod issuers;
 pub mod metrics;
+pub mod openapi;
 pub mod server;
 pub mod store;
 pub mod trust;
