@@ -553,6 +553,127 @@ impl From<QueryRejection> for ApiError {
 mod tests {
     use super::*;
 
+    /// One error of every variant, and of every 400 code: the body of each
+    /// must have exactly the fields its code's description lists.
+    fn one_of_each() -> Vec<ApiError> {
+        let token = Token::new(3).unwrap();
+        let mut all = vec![
+            ApiError::unauthorized("no key"),
+            ApiError::ClientIdMismatch {
+                sent: "a".into(),
+                client: "b".into(),
+            },
+            ApiError::Forbidden,
+            ApiError::UnknownIssuer {
+                issuer: "x".into(),
+                known: vec!["redis".into()],
+            },
+            ApiError::TokenNotCurrent {
+                issuer: "redis".into(),
+                offered: token,
+                holder: None,
+                message: "not current".into(),
+            },
+            ApiError::IssuerUnavailable {
+                issuer: "redis".into(),
+                detail: "refused".into(),
+            },
+            ApiError::StaleToken {
+                offered: token,
+                current: token,
+                issuer: "redis".into(),
+            },
+            ApiError::IssuerMismatch {
+                offered: "a".into(),
+                current: "b".into(),
+            },
+            ApiError::VersionMismatch {
+                expected: 1,
+                current: None,
+            },
+            ApiError::FencingTokenRequired,
+            ApiError::PageNotFound {
+                id: "p".into(),
+                fence: None,
+            },
+            ApiError::NoRoute("GET /x".into()),
+            ApiError::MethodNotAllowed,
+            ApiError::BodyTooLarge,
+            ApiError::UnsupportedMediaType,
+            ApiError::DatabaseUnavailable(DbError::Unavailable("down".into())),
+            ApiError::Timeout,
+            ApiError::OutcomeUnknown {
+                id: "p".into(),
+                method: "PUT",
+                token: None,
+            },
+            ApiError::Internal("bug".into()),
+        ];
+        for code in ErrorCode::ALL {
+            if code.status() == StatusCode::BAD_REQUEST {
+                all.push(ApiError::bad_request(code, "bad"));
+            }
+        }
+        // A new variant must be added above: this match has no wildcard.
+        for e in &all {
+            match e {
+                ApiError::Unauthorized(_)
+                | ApiError::ClientIdMismatch { .. }
+                | ApiError::Forbidden
+                | ApiError::UnknownIssuer { .. }
+                | ApiError::TokenNotCurrent { .. }
+                | ApiError::IssuerUnavailable { .. }
+                | ApiError::StaleToken { .. }
+                | ApiError::IssuerMismatch { .. }
+                | ApiError::VersionMismatch { .. }
+                | ApiError::FencingTokenRequired
+                | ApiError::PageNotFound { .. }
+                | ApiError::NoRoute(_)
+                | ApiError::MethodNotAllowed
+                | ApiError::BadRequest { .. }
+                | ApiError::BodyTooLarge
+                | ApiError::UnsupportedMediaType
+                | ApiError::DatabaseUnavailable(_)
+                | ApiError::Timeout
+                | ApiError::OutcomeUnknown { .. }
+                | ApiError::Internal(_) => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_error_body_has_exactly_the_fields_its_code_declares() {
+        let errors = one_of_each();
+        let mut kinds: Vec<ErrorCode> = errors.iter().map(ApiError::kind).collect();
+        kinds.sort();
+        let mut all = ErrorCode::ALL.to_vec();
+        all.sort();
+        assert_eq!(kinds, all, "one error per code, every code answered");
+        for e in errors {
+            let code = e.kind();
+            assert_eq!(e.status(), code.status(), "{code:?}");
+            assert_eq!(e.code(), code.as_str());
+            let mut fields: Vec<String> = e.details().keys().cloned().collect();
+            fields.sort();
+            let mut declared: Vec<String> = code
+                .details()
+                .iter()
+                .map(|(n, _)| (*n).to_owned())
+                .collect();
+            declared.sort();
+            assert_eq!(fields, declared, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn error_codes_are_distinct() {
+        let mut names: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), ErrorCode::ALL.len());
+    }
+
     #[test]
     fn protocol_errors_are_bugs_and_unavailability_is_503() {
         let protocol = ApiError::from(sqlx::Error::Protocol("unexpected message".into()));

@@ -49,19 +49,30 @@ pub const SPEC_PATH: &str = "/openapi.json";
 /// Where Swagger UI is served (with its assets under it).
 pub const DOCS_PATH: &str = "/docs/";
 
-/// The gateway's description, made once from [`crate::http::api`].
-pub fn description() -> &'static OpenApi {
-    static SPEC: LazyLock<OpenApi> = LazyLock::new(|| {
+/// The gateway's description, made once from [`crate::http::api`]. A JSON
+/// value, not utoipa's `OpenApi`: the last touches ([`finish`]) use fields
+/// utoipa's types do not have (a header's `required`).
+pub fn description() -> &'static Value {
+    static SPEC: LazyLock<Value> = LazyLock::new(|| {
         let (_, spec) = crate::http::api().split_for_parts();
         finish(spec)
     });
     &SPEC
 }
 
+/// [`description`] as JSON text, pretty-printed.
+pub fn json() -> &'static str {
+    static JSON: LazyLock<String> = LazyLock::new(|| {
+        serde_json::to_string_pretty(description()).expect("the description is JSON")
+    });
+    &JSON
+}
+
 /// What the annotations cannot say: every object the gateway sends or takes
-/// has exactly its declared fields (`additionalProperties: false`), and
-/// `ETag` is always sent, a quoted version.
-fn finish(spec: OpenApi) -> OpenApi {
+/// has exactly its declared fields (`additionalProperties: false`); `ETag`,
+/// `Location` and `WWW-Authenticate` are always sent (`required`), `ETag` a
+/// quoted version.
+fn finish(spec: OpenApi) -> Value {
     let mut value = serde_json::to_value(&spec).expect("the description is JSON");
     if let Some(schemas) = value
         .pointer_mut("/components/schemas")
@@ -73,35 +84,32 @@ fn finish(spec: OpenApi) -> OpenApi {
             }
         }
     }
-    if let Some(paths) = value.get_mut("paths").and_then(Value::as_object_mut) {
-        for operation in paths.values_mut().filter_map(Value::as_object_mut) {
-            for op in operation.values_mut() {
-                let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
-                    continue;
-                };
-                for response in responses.values_mut() {
-                    if let Some(etag) = response.pointer_mut("/headers/ETag") {
-                        etag["required"] = Value::Bool(true);
-                        etag["schema"] = json!({"type": "string", "pattern": "^\"[0-9]{1,19}\"$"});
-                    }
-                    if let Some(location) = response.pointer_mut("/headers/Location") {
-                        location["required"] = Value::Bool(true);
-                    }
+    let operations = value
+        .get_mut("paths")
+        .and_then(Value::as_object_mut)
+        .into_iter()
+        .flat_map(|paths| paths.values_mut())
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut());
+    for operation in operations {
+        let responses = operation
+            .get_mut("responses")
+            .and_then(Value::as_object_mut)
+            .into_iter()
+            .flat_map(|responses| responses.values_mut());
+        for response in responses {
+            let Some(headers) = response.get_mut("headers").and_then(Value::as_object_mut) else {
+                continue;
+            };
+            for (name, header) in headers.iter_mut() {
+                header["required"] = Value::Bool(true);
+                if name == "ETag" {
+                    header["schema"] = json!({"type": "string", "pattern": "^\"[0-9]{1,19}\"$"});
                 }
             }
         }
     }
-    from_json(value)
-}
-
-/// [`description`] as JSON, pretty-printed.
-pub fn json() -> &'static str {
-    static JSON: LazyLock<String> = LazyLock::new(|| {
-        description()
-            .to_pretty_json()
-            .expect("the description is JSON")
-    });
-    &JSON
+    value
 }
 
 /// `/openapi.json` and `/docs`.
@@ -704,7 +712,7 @@ mod tests {
 
     #[test]
     fn every_error_code_has_a_component_and_its_status_in_the_responses() {
-        let spec = serde_json::to_value(description()).unwrap();
+        let spec = description();
         for code in ErrorCode::ALL {
             let schema = &spec["components"]["schemas"][error_schema_name(code)];
             assert_eq!(
@@ -719,7 +727,7 @@ mod tests {
 
     #[test]
     fn the_description_is_openapi_3_1_with_every_route() {
-        let spec = serde_json::to_value(description()).unwrap();
+        let spec = description();
         assert_eq!(spec["openapi"], "3.1.0");
         let paths: Vec<&str> = spec["paths"]
             .as_object()

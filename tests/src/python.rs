@@ -12,9 +12,11 @@ use tokio::process::Command;
 
 /// The workspace's `target/` (or `CARGO_TARGET_DIR`).
 pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|dir| !dir.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    dir.canonicalize().unwrap_or(dir)
 }
 
 /// `target/NAME`: where the venv `NAME` lives.
