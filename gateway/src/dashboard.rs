@@ -87,7 +87,7 @@ use tokio_postgres::types::Type;
 use crate::db::{self, Db, DbError, Sql};
 use crate::error::{ApiError, ErrorCode};
 use crate::http::QueryParams;
-use crate::openapi::errors;
+use crate::openapi::{errors, AnyRequestErrors};
 use crate::store::Fence;
 use crate::{AppState, FenceCheck};
 
@@ -127,8 +127,6 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(events))
 }
 
-errors!(AssetErrors = [Internal]);
-
 /// To the dashboard.
 #[utoipa::path(
     get,
@@ -138,6 +136,7 @@ errors!(AssetErrors = [Internal]);
     responses(
         (status = 303, description = "To `/dashboard`",
             headers(("Location" = String, description = "`/dashboard`"))),
+        AnyRequestErrors,
     )
 )]
 async fn root() -> Redirect {
@@ -153,7 +152,7 @@ async fn root() -> Redirect {
     tag = "dashboard",
     responses(
         (status = 200, description = "The dashboard's page", content_type = "text/html", body = String),
-        AssetErrors,
+        AnyRequestErrors,
     )
 )]
 async fn page() -> Response {
@@ -168,7 +167,7 @@ async fn page() -> Response {
     tag = "dashboard",
     responses(
         (status = 200, description = "CSS", content_type = "text/css", body = String),
-        AssetErrors,
+        AnyRequestErrors,
     )
 )]
 async fn css() -> Response {
@@ -183,7 +182,7 @@ async fn css() -> Response {
     tag = "dashboard",
     responses(
         (status = 200, description = "JavaScript", content_type = "text/javascript", body = String),
-        AssetErrors,
+        AnyRequestErrors,
     )
 )]
 async fn js() -> Response {
@@ -658,7 +657,7 @@ enum Phase {
     Done,
 }
 
-errors!(EventsErrors = [InvalidPageId, InvalidQuery, Internal]);
+errors!(EventsErrors = [InvalidPageId, InvalidQuery]);
 
 /// The dashboard's feed: server-sent events that do not end.
 ///

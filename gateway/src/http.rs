@@ -28,7 +28,7 @@ use crate::auth::{self, AuthMode};
 use crate::error::{ApiError, ErrorCode};
 use crate::issuers::{lock_name, valid_issuer_name};
 use crate::metrics::{self, Outcome};
-use crate::openapi::{self, errors, PageIdParam, ReadHeaders, WriteHeaders};
+use crate::openapi::{self, errors, AnyRequestErrors, PageIdParam, ReadHeaders, WriteHeaders};
 use crate::store::{self, Access, Fence, HistoryEntry, Page, Verdict};
 use crate::{AppState, FenceCheck};
 use fencelock::Token;
@@ -522,10 +522,8 @@ errors!(
         TokenNotCurrent,
         StaleToken,
         IssuerMismatch,
-        Internal,
         IssuerUnavailable,
         DatabaseUnavailable,
-        Timeout,
         OutcomeUnknown,
     ]
 );
@@ -619,10 +617,8 @@ errors!(
         BodyTooLarge,
         UnsupportedMediaType,
         FencingTokenRequired,
-        Internal,
         IssuerUnavailable,
         DatabaseUnavailable,
-        Timeout,
         OutcomeUnknown,
     ]
 );
@@ -880,9 +876,7 @@ errors!(
         NotFound,
         BodyTooLarge,
         UnsupportedMediaType,
-        Internal,
         DatabaseUnavailable,
-        Timeout,
     ]
 );
 
@@ -992,9 +986,7 @@ errors!(
         InvalidLimit,
         InvalidQuery,
         NotFound,
-        Internal,
         DatabaseUnavailable,
-        Timeout,
     ]
 );
 
@@ -1048,7 +1040,7 @@ pub struct PageSummary {
     pub fence: Option<Fence>,
 }
 
-errors!(ListPagesErrors = [Internal, DatabaseUnavailable, Timeout]);
+errors!(ListPagesErrors = [DatabaseUnavailable]);
 
 /// Every page, with its version and fence.
 #[utoipa::path(
@@ -1083,8 +1075,6 @@ pub struct Status {
     pub status: &'static str,
 }
 
-errors!(HealthErrors = [Internal]);
-
 /// Liveness: the process answers.
 #[utoipa::path(
     get,
@@ -1093,14 +1083,14 @@ errors!(HealthErrors = [Internal]);
     tag = "operations",
     responses(
         (status = 200, description = "Up", body = Status, example = json!({"status": "up"})),
-        HealthErrors,
+        AnyRequestErrors,
     )
 )]
 async fn healthz() -> Json<Status> {
     Json(Status { status: "up" })
 }
 
-errors!(ReadyErrors = [Internal, DatabaseUnavailable, Timeout]);
+errors!(ReadyErrors = [DatabaseUnavailable]);
 
 /// Readiness: PostgreSQL answers a query (what a balancer checks).
 #[utoipa::path(
@@ -1127,7 +1117,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Status>, ApiError>
     responses(
         (status = 200, description = "The Prometheus text format (version 0.0.4)",
             content_type = "text/plain", body = String),
-        HealthErrors,
+        AnyRequestErrors,
     )
 )]
 async fn metrics_text(State(state): State<AppState>) -> Response {

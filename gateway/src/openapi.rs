@@ -19,10 +19,13 @@
 //!   tests/tests/tutorial.rs checks against a running stack; a test here
 //!   checks that each one is still in the README.
 //!
-//! What the description cannot say: `Fencing-Token` requires the writer's key
-//! only when it is sent (OpenAPI has no conditional security; the GET says
-//! "optional" and explains), and which issuers a gateway trusts (its
-//! `--issuer` flags) and which keys it knows are per deployment.
+//! What the description cannot say, and says in words instead: a GET needs
+//! the writer's key only when it sends `Fencing-Token` (OpenAPI has no
+//! conditional security: the GET lists "none or a writer's key"); a PUT needs
+//! `Fencing-Token` only where fencing is enforced (428 otherwise), and which
+//! issuers a gateway trusts (`--issuer`) and which keys it knows are per
+//! deployment. The event stream's schema describes one event, the convention
+//! of OpenAPI 3.2's `itemSchema` that schemathesis follows for 3.1.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -50,7 +53,7 @@ pub const SPEC_PATH: &str = "/openapi.json";
 pub const DOCS_PATH: &str = "/docs/";
 
 /// The gateway's description, made once from [`crate::http::api`]. A JSON
-/// value, not utoipa's `OpenApi`: the last touches ([`finish`]) use fields
+/// value, not utoipa's `OpenApi`: the last touches (`finish`) use fields
 /// utoipa's types do not have (a header's `required`).
 pub fn description() -> &'static Value {
     static SPEC: LazyLock<Value> = LazyLock::new(|| {
@@ -132,7 +135,7 @@ pub fn api() -> OpenApiRouter<AppState> {
             the lock service that issued them says they are current (`Fencing-Issuer`).\n\n\
             Every refusal is a JSON body `{\"error\": \"<code>\", \"message\": \"...\", ...details}`; \
             the codes each status can carry are listed per operation, and each code's body is \
-            the component schema of the same name.\n\n\
+            a component schema named after it (`stale_token`: `StaleTokenError`).\n\n\
             The README's tutorial walks through every header with a running stack; the \
             examples here are its lines. Browse this description at `/docs/`.",
     ),
@@ -310,10 +313,12 @@ pub fn error_responses(codes: &[ErrorCode]) -> BTreeMap<String, RefOr<OaResponse
         .collect()
 }
 
-/// Declares `$name`, the error responses of an operation: for its
-/// `responses(...)`.
+/// Declares `$name`, the error responses of an operation, for its
+/// `responses(...)`: the codes listed, and the two any request can meet,
+/// 500 `internal` (a panic, caught) and 504 `timeout` (its deadline passed
+/// before anything was sent to the database).
 macro_rules! errors {
-    ($(#[$meta:meta])* $vis:vis $name:ident = [$($code:ident),+ $(,)?]) => {
+    ($(#[$meta:meta])* $vis:vis $name:ident = [$($code:ident),* $(,)?]) => {
         $(#[$meta])*
         $vis struct $name;
         impl utoipa::IntoResponses for $name {
@@ -321,7 +326,11 @@ macro_rules! errors {
                 String,
                 utoipa::openapi::RefOr<utoipa::openapi::response::Response>,
             > {
-                $crate::openapi::error_responses(&[$($crate::error::ErrorCode::$code),+])
+                $crate::openapi::error_responses(&[
+                    $($crate::error::ErrorCode::$code,)*
+                    $crate::error::ErrorCode::Internal,
+                    $crate::error::ErrorCode::Timeout,
+                ])
             }
         }
     };
@@ -578,8 +587,12 @@ impl IntoParams for WriteHeaders {
 
 // ---- /openapi.json and /docs ----
 
-errors!(NoErrors = [Internal]);
-errors!(DocsAssetErrors = [NotFound, InvalidPath, Internal]);
+errors!(
+    /// What any request can meet (see [`errors!`]), for operations with no
+    /// other error.
+    pub AnyRequestErrors = []
+);
+errors!(DocsAssetErrors = [NotFound, InvalidPath]);
 
 /// This description.
 #[utoipa::path(
@@ -590,7 +603,7 @@ errors!(DocsAssetErrors = [NotFound, InvalidPath, Internal]);
     responses(
         (status = 200, description = "This OpenAPI 3.1 description", content_type = "application/json",
             body = Object),
-        NoErrors,
+        AnyRequestErrors,
     )
 )]
 async fn openapi_json() -> Response {
@@ -655,6 +668,7 @@ fn swagger_file(file: &str) -> Result<Response, ApiError> {
     tag = "docs",
     responses(
         (status = 303, description = "To `/docs/`", headers(("Location" = String, description = "`/docs/`"))),
+        AnyRequestErrors,
     )
 )]
 async fn docs_redirect() -> Redirect {
@@ -671,7 +685,7 @@ async fn docs_redirect() -> Redirect {
     tag = "docs",
     responses(
         (status = 200, description = "Swagger UI", content_type = "text/html", body = String),
-        NoErrors,
+        AnyRequestErrors,
     )
 )]
 async fn docs_index() -> Result<Response, ApiError> {
