@@ -231,48 +231,16 @@ pub(crate) fn parse_python_peer(out: &str, what: &'static str) -> anyhow::Result
     })
 }
 
-/// `target/NAME`: where the Python venvs live.
-pub(crate) fn venv_dir(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join(name)
-}
-
-/// Whether `python` runs `code` (e.g. `import redis`) successfully.
-pub(crate) async fn python_can(python: &Path, code: &str) -> bool {
-    Command::new(python)
-        .args(["-c", code])
-        .output()
-        .await
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 /// A venv `target/NAME` with the pinned `packages` (which provide `modules`,
-/// e.g. `"redis, kazoo"`), created on first use; its python.
+/// e.g. `"redis, kazoo"`), created on first use; its python. The venv code
+/// lives in the harness crate (`harness::python`), shared with the OpenAPI
+/// fuzz's schemathesis.
 pub(crate) async fn python_venv(
     name: &str,
     modules: &str,
     packages: &[&str],
 ) -> anyhow::Result<PathBuf> {
-    let venv = venv_dir(name);
-    let python = venv.join("bin/python");
-    if !python_can(&python, &format!("import {modules}")).await {
-        eprintln!(
-            "creating {} with {} ...",
-            venv.display(),
-            packages.join(" ")
-        );
-        output(Command::new("python3").arg("-m").arg("venv").arg(&venv)).await?;
-        output(
-            Command::new(venv.join("bin/pip"))
-                .args(["install", "-q"])
-                .args(packages),
-        )
-        .await?;
-    }
-    Ok(python)
+    harness::python::venv(name, &format!("import {modules}"), packages).await
 }
 
 /// The limit for the Redis lock: redis-benchmark, one client, `EVALSHA` of the

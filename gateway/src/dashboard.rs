@@ -75,17 +75,19 @@ use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::HeaderName;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::get;
-use axum::Router;
 use chrono::{DateTime, Utc};
 use futures::stream::{self, Stream};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use tokio_postgres::types::Type;
 
 use crate::db::{self, Db, DbError, Sql};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::http::QueryParams;
+use crate::openapi::{errors, AnyRequestErrors};
 use crate::store::Fence;
 use crate::{AppState, FenceCheck};
 
@@ -115,23 +117,76 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
                    connect-src 'self'; img-src 'self'; base-uri 'none'; \
                    form-action 'none'; frame-ancestors 'none'";
 
-/// `/`, `/dashboard`, its assets and its event stream.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/", get(|| async { Redirect::to("/dashboard") }))
-        .route(
-            "/dashboard",
-            get(|| async { asset("text/html; charset=utf-8", HTML) }),
-        )
-        .route(
-            "/dashboard/dashboard.css",
-            get(|| async { asset("text/css; charset=utf-8", CSS) }),
-        )
-        .route(
-            "/dashboard/dashboard.js",
-            get(|| async { asset("text/javascript; charset=utf-8", JS) }),
-        )
-        .route("/dashboard/events", get(events))
+/// `/`, `/dashboard`, its assets and its event stream, with their description.
+pub fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(root))
+        .routes(routes!(page))
+        .routes(routes!(css))
+        .routes(routes!(js))
+        .routes(routes!(events))
+}
+
+/// To the dashboard.
+#[utoipa::path(
+    get,
+    path = "/",
+    operation_id = "root",
+    tag = "dashboard",
+    responses(
+        (status = 303, description = "To `/dashboard`",
+            headers(("Location" = String, description = "`/dashboard`"))),
+        AnyRequestErrors,
+    )
+)]
+async fn root() -> Redirect {
+    Redirect::to("/dashboard")
+}
+
+/// The live dashboard: plain HTML, CSS and a small script compiled into the
+/// binary; nothing fetched from elsewhere.
+#[utoipa::path(
+    get,
+    path = "/dashboard",
+    operation_id = "dashboard",
+    tag = "dashboard",
+    responses(
+        (status = 200, description = "The dashboard's page", content_type = "text/html", body = String),
+        AnyRequestErrors,
+    )
+)]
+async fn page() -> Response {
+    asset("text/html; charset=utf-8", HTML)
+}
+
+/// The dashboard's style sheet.
+#[utoipa::path(
+    get,
+    path = "/dashboard/dashboard.css",
+    operation_id = "dashboard_css",
+    tag = "dashboard",
+    responses(
+        (status = 200, description = "CSS", content_type = "text/css", body = String),
+        AnyRequestErrors,
+    )
+)]
+async fn css() -> Response {
+    asset("text/css; charset=utf-8", CSS)
+}
+
+/// The dashboard's script.
+#[utoipa::path(
+    get,
+    path = "/dashboard/dashboard.js",
+    operation_id = "dashboard_js",
+    tag = "dashboard",
+    responses(
+        (status = 200, description = "JavaScript", content_type = "text/javascript", body = String),
+        AnyRequestErrors,
+    )
+)]
+async fn js() -> Response {
+    asset("text/javascript; charset=utf-8", JS)
 }
 
 fn asset(content_type: &'static str, text: &'static str) -> Response {
@@ -151,7 +206,7 @@ fn asset(content_type: &'static str, text: &'static str) -> Response {
 // ---- what the stream sends ----
 
 /// One attempt on a page: a row of `page_history`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct Attempt {
     pub seq: i64,
     #[serde(skip)]
@@ -159,17 +214,21 @@ pub struct Attempt {
     pub at: DateTime<Utc>,
     pub method: String,
     pub outcome: String,
+    #[schema(required = true)]
     pub token: Option<i64>,
+    #[schema(required = true)]
     pub issuer: Option<String>,
+    #[schema(required = true)]
     pub client_id: Option<String>,
     /// The page's version after the attempt.
     pub version: i64,
     /// The page's fence token after the attempt.
+    #[schema(required = true)]
     pub fence_token: Option<i64>,
 }
 
 /// A page's line in the page list.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct PageCounters {
     pub id: String,
     /// PUTs that landed (`accepted` or `stale`).
@@ -213,40 +272,45 @@ impl PageCounters {
 }
 
 /// The chosen page's row as it is now.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct PageNow {
     pub id: String,
     pub version: i64,
+    #[schema(required = true)]
     pub fence: Option<Fence>,
     /// The body, `null` until the first accepted write. Left out of an update
     /// when the version is the one sent before: the demo's page grows with
     /// every edit, and reads and refusals do not change it.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub body: Option<Option<String>>,
 }
 
 /// The first message of a stream.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Snapshot {
     /// The gateway's clock, so the browser can place "now" on the timeline.
     pub now: DateTime<Utc>,
-    /// This gateway's mode; the history shows every gateway on the database.
+    /// This gateway's mode (`enforce`, `off`); the history shows every gateway on the database.
+    #[schema(value_type = String, pattern = "^(enforce|off)$")]
     pub fencing: &'static str,
     pub pages: Vec<PageCounters>,
     /// The chosen page (`None` when there is no page yet).
+    #[schema(required = true)]
     pub page: Option<PageNow>,
     /// Its newest attempts, oldest first.
     pub attempts: Vec<Attempt>,
 }
 
 /// Sent when attempts were committed since the last message.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Update {
     pub now: DateTime<Utc>,
     /// The counters of the pages that had attempts, complete.
     pub pages: Vec<PageCounters>,
     /// The chosen page's row, when it had attempts (its body only when the
     /// version changed).
+    #[schema(required = true)]
     pub page: Option<PageNow>,
     /// The chosen page's new attempts, oldest first.
     pub attempts: Vec<Attempt>,
@@ -569,9 +633,13 @@ pub async fn poll(db: &Db, tail: &mut Tail) -> Result<(Option<Update>, bool), Db
 
 // ---- the endpoint ----
 
-#[derive(Deserialize)]
+/// `?page=ID`.
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
-struct EventsParams {
+#[into_params(parameter_in = Query)]
+pub struct EventsParams {
+    /// The page to follow; by default the most recently accessed one.
+    #[param(pattern = "^[A-Za-z0-9_-]{1,128}$", example = "demo")]
     page: Option<String>,
 }
 
@@ -589,6 +657,29 @@ enum Phase {
     Done,
 }
 
+errors!(EventsErrors = [InvalidPageId, InvalidQuery]);
+
+/// The dashboard's feed: server-sent events that do not end.
+///
+/// First a `snapshot` event (every page with its counters, the chosen page's
+/// latest attempts, its body and fence), then an `update` whenever attempts
+/// were committed; a comment every 5 s keeps an idle stream open. A database
+/// error sends a `problem` event and ends the stream (the browser reconnects).
+/// The stream also ends when the gateway drains. Each event's `data` is JSON.
+#[utoipa::path(
+    get,
+    path = "/dashboard/events",
+    operation_id = "dashboard_events",
+    tag = "dashboard",
+    params(EventsParams),
+    responses(
+        (status = 200, description = "An endless stream of `snapshot`, `update` and `problem` \
+            events. The schema describes one event (`event`, `data`, `retry`), as OpenAPI 3.2's \
+            `itemSchema` would; `data` is JSON, a `Snapshot` or an `Update`, or a line of text.",
+            content_type = "text/event-stream", body = DashboardEvent),
+        EventsErrors,
+    )
+)]
 async fn events(
     State(state): State<AppState>,
     QueryParams(params): QueryParams<EventsParams>,
@@ -596,7 +687,7 @@ async fn events(
     if let Some(id) = &params.page {
         if !valid_page_id(id) {
             return Err(ApiError::bad_request(
-                "invalid_page_id",
+                ErrorCode::InvalidPageId,
                 "page ids are 1 to 128 characters of A-Z, a-z, 0-9, '_' and '-'",
             ));
         }
@@ -642,6 +733,25 @@ async fn events(
         }
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+/// One event of the stream, for the description (see [`crate::openapi`]).
+pub struct DashboardEvent;
+
+impl utoipa::PartialSchema for DashboardEvent {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+        crate::openapi::dashboard_event_schema()
+    }
+}
+
+impl ToSchema for DashboardEvent {
+    fn schemas(schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::Schema>)>) {
+        use utoipa::PartialSchema;
+        schemas.push((Snapshot::name().into(), Snapshot::schema()));
+        schemas.push((Update::name().into(), Update::schema()));
+        Snapshot::schemas(schemas);
+        Update::schemas(schemas);
+    }
 }
 
 fn json_event(name: &str, data: &impl Serialize) -> Event {

@@ -13,6 +13,276 @@ use crate::db::DbError;
 use crate::metrics::Outcome;
 use crate::store::Fence;
 
+/// Every `error` code the gateway answers, with its status: the one list the
+/// responses ([`ApiError::kind`]) and the OpenAPI description
+/// ([`crate::openapi`]) are both made from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrorCode {
+    /// 400: a page id that is not `[A-Za-z0-9_-]{1,128}`.
+    InvalidPageId,
+    /// 400: `Fencing-Token` is not a decimal integer from 0 to 2^63-1 (or sent twice).
+    InvalidFencingToken,
+    /// 400: `Fencing-Issuer` (or the admin body's `issuer`) is not `[a-z0-9._:-]{1,64}`.
+    InvalidFencingIssuer,
+    /// 400: `Client-Id` is not 1 to 128 visible ASCII characters.
+    InvalidClientId,
+    /// 400: `If-Match` is not a quoted version such as `"3"`.
+    InvalidIfMatch,
+    /// 400: the body is not JSON, or not the JSON the route takes.
+    InvalidJson,
+    /// 400: the body is JSON of the right shape with a value the route refuses
+    /// (a NUL character), or could not be read.
+    InvalidBody,
+    /// 400: `limit` is not from 1 to 10000.
+    InvalidLimit,
+    /// 400: a path segment that is not valid percent-encoded UTF-8.
+    InvalidPath,
+    /// 400: a query string the route does not take.
+    InvalidQuery,
+    /// 400: the admin body's `reason` is empty, too long or has a NUL.
+    InvalidReason,
+    /// 400: the admin body gives only one of `issuer` and `token`.
+    InvalidFence,
+    /// 401, with `WWW-Authenticate: Bearer`: no known key where one is needed.
+    Unauthorized,
+    /// 403: `Client-Id` names another client than the key's.
+    ClientIdMismatch,
+    /// 403: a writer's key on the admin endpoint.
+    Forbidden,
+    /// 404: the page was never written.
+    PageNotFound,
+    /// 404: no route for this path.
+    NotFound,
+    /// 405: no such method on this path.
+    MethodNotAllowed,
+    /// 409: `Fencing-Issuer` is not a lock service this gateway checks tokens with.
+    UnknownIssuer,
+    /// 409: the issuer says the lock is not held right now by this client with this token.
+    TokenNotCurrent,
+    /// 409: the token is older than the page's fence.
+    StaleToken,
+    /// 409: the page is fenced by another lock service.
+    IssuerMismatch,
+    /// 412: `If-Match` names another version.
+    VersionMismatch,
+    /// 413: the body is over 1 MiB.
+    BodyTooLarge,
+    /// 415: the body is not `application/json`.
+    UnsupportedMediaType,
+    /// 428: a write without `Fencing-Token` while fencing is enforced.
+    FencingTokenRequired,
+    /// 500: a bug, logged in full and answered generically.
+    Internal,
+    /// 503: the token's issuer cannot be asked (fail closed, nothing written).
+    IssuerUnavailable,
+    /// 503: PostgreSQL cannot be reached; nothing was written.
+    DatabaseUnavailable,
+    /// 504: the deadline passed before anything was sent to the database.
+    Timeout,
+    /// 504: the deadline passed after the statement was sent: it may still commit.
+    OutcomeUnknown,
+}
+
+/// The type of a field beside `error` and `message` in an error body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// A string.
+    Text,
+    /// A list of strings.
+    TextList,
+    /// A fencing token (0 to 2^63-1).
+    Token,
+    /// A fencing token or `null`.
+    TokenOrNull,
+    /// A page version (0 to 2^63-1).
+    Version,
+    /// A page version or `null`.
+    VersionOrNull,
+    /// A page's fence `{"issuer", "token"}` or `null`.
+    FenceOrNull,
+    /// `"GET"` or `"PUT"`.
+    Method,
+}
+
+impl ErrorCode {
+    /// Every code, in the order of their statuses.
+    pub const ALL: [ErrorCode; 31] = [
+        Self::InvalidPageId,
+        Self::InvalidFencingToken,
+        Self::InvalidFencingIssuer,
+        Self::InvalidClientId,
+        Self::InvalidIfMatch,
+        Self::InvalidJson,
+        Self::InvalidBody,
+        Self::InvalidLimit,
+        Self::InvalidPath,
+        Self::InvalidQuery,
+        Self::InvalidReason,
+        Self::InvalidFence,
+        Self::Unauthorized,
+        Self::ClientIdMismatch,
+        Self::Forbidden,
+        Self::PageNotFound,
+        Self::NotFound,
+        Self::MethodNotAllowed,
+        Self::UnknownIssuer,
+        Self::TokenNotCurrent,
+        Self::StaleToken,
+        Self::IssuerMismatch,
+        Self::VersionMismatch,
+        Self::BodyTooLarge,
+        Self::UnsupportedMediaType,
+        Self::FencingTokenRequired,
+        Self::Internal,
+        Self::IssuerUnavailable,
+        Self::DatabaseUnavailable,
+        Self::Timeout,
+        Self::OutcomeUnknown,
+    ];
+
+    /// The body's `error` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidPageId => "invalid_page_id",
+            Self::InvalidFencingToken => "invalid_fencing_token",
+            Self::InvalidFencingIssuer => "invalid_fencing_issuer",
+            Self::InvalidClientId => "invalid_client_id",
+            Self::InvalidIfMatch => "invalid_if_match",
+            Self::InvalidJson => "invalid_json",
+            Self::InvalidBody => "invalid_body",
+            Self::InvalidLimit => "invalid_limit",
+            Self::InvalidPath => "invalid_path",
+            Self::InvalidQuery => "invalid_query",
+            Self::InvalidReason => "invalid_reason",
+            Self::InvalidFence => "invalid_fence",
+            Self::Unauthorized => "unauthorized",
+            Self::ClientIdMismatch => "client_id_mismatch",
+            Self::Forbidden => "forbidden",
+            Self::PageNotFound => "page_not_found",
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::UnknownIssuer => "unknown_issuer",
+            Self::TokenNotCurrent => "token_not_current",
+            Self::StaleToken => "stale_token",
+            Self::IssuerMismatch => "issuer_mismatch",
+            Self::VersionMismatch => "version_mismatch",
+            Self::BodyTooLarge => "body_too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::FencingTokenRequired => "fencing_token_required",
+            Self::Internal => "internal",
+            Self::IssuerUnavailable => "issuer_unavailable",
+            Self::DatabaseUnavailable => "database_unavailable",
+            Self::Timeout => "timeout",
+            Self::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+
+    /// The status every response with this code has.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::InvalidPageId
+            | Self::InvalidFencingToken
+            | Self::InvalidFencingIssuer
+            | Self::InvalidClientId
+            | Self::InvalidIfMatch
+            | Self::InvalidJson
+            | Self::InvalidBody
+            | Self::InvalidLimit
+            | Self::InvalidPath
+            | Self::InvalidQuery
+            | Self::InvalidReason
+            | Self::InvalidFence => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::ClientIdMismatch | Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::PageNotFound | Self::NotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::UnknownIssuer
+            | Self::TokenNotCurrent
+            | Self::StaleToken
+            | Self::IssuerMismatch => StatusCode::CONFLICT,
+            Self::VersionMismatch => StatusCode::PRECONDITION_FAILED,
+            Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::FencingTokenRequired => StatusCode::PRECONDITION_REQUIRED,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::IssuerUnavailable | Self::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Timeout | Self::OutcomeUnknown => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The fields its body carries beside `error` and `message`, always all
+    /// of them ([`ApiError::details`] writes them).
+    pub fn details(self) -> &'static [(&'static str, Detail)] {
+        match self {
+            Self::ClientIdMismatch => &[("client_id", Detail::Text)],
+            Self::UnknownIssuer => &[("issuer", Detail::Text), ("known", Detail::TextList)],
+            Self::TokenNotCurrent => &[
+                ("issuer", Detail::Text),
+                ("offered_token", Detail::Token),
+                ("holder_token", Detail::TokenOrNull),
+            ],
+            Self::IssuerUnavailable => &[("issuer", Detail::Text)],
+            Self::StaleToken => &[
+                ("offered_token", Detail::Token),
+                ("current_token", Detail::Token),
+                ("issuer", Detail::Text),
+            ],
+            Self::IssuerMismatch => &[
+                ("offered_issuer", Detail::Text),
+                ("current_issuer", Detail::Text),
+            ],
+            Self::VersionMismatch => &[
+                ("expected_version", Detail::Version),
+                ("current_version", Detail::VersionOrNull),
+            ],
+            Self::PageNotFound => &[("id", Detail::Text), ("fence", Detail::FenceOrNull)],
+            Self::OutcomeUnknown => &[
+                ("id", Detail::Text),
+                ("method", Detail::Method),
+                ("token", Detail::TokenOrNull),
+            ],
+            _ => &[],
+        }
+    }
+
+    /// What it means, for the description.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Self::InvalidPageId => "the page id is not 1 to 128 characters of A-Z, a-z, 0-9, '_' and '-'",
+            Self::InvalidFencingToken => "Fencing-Token is not a decimal integer from 0 to 9223372036854775807, or was sent twice",
+            Self::InvalidFencingIssuer => "the issuer name is not [a-z0-9._:-]{1,64}, or Fencing-Issuer was sent twice",
+            Self::InvalidClientId => "Client-Id is not 1 to 128 visible ASCII characters (no spaces), or was sent twice",
+            Self::InvalidIfMatch => "If-Match is not a quoted version such as \"3\", or was sent twice",
+            Self::InvalidJson => "the body is not JSON, or not of the shape the route takes (unknown fields are refused)",
+            Self::InvalidBody => "the body could not be read, or holds a value the route refuses (a NUL character)",
+            Self::InvalidLimit => "limit is not from 1 to 10000",
+            Self::InvalidPath => "a path segment is not valid percent-encoded UTF-8",
+            Self::InvalidQuery => "the query string is not one the route takes (unknown parameters are refused)",
+            Self::InvalidReason => "reason is empty, longer than 1000 characters, or has a NUL",
+            Self::InvalidFence => "issuer and token go together: both set, or both null",
+            Self::Unauthorized => "no known key where one is needed (a PUT, any request with Fencing-Token, the admin endpoint)",
+            Self::ClientIdMismatch => "Client-Id names another client than the key's",
+            Self::Forbidden => "a writer's key on the admin endpoint",
+            Self::PageNotFound => "the page was never written (a fenced read of it still records its fence)",
+            Self::NotFound => "no route for this path (e.g. an empty page id)",
+            Self::MethodNotAllowed => "no such method on this path",
+            Self::UnknownIssuer => "Fencing-Issuer names no lock service this gateway checks tokens with",
+            Self::TokenNotCurrent => "the issuer says the lock page:<id> is not held right now by this client with this token",
+            Self::StaleToken => "the token is older than the page's fence: nothing written",
+            Self::IssuerMismatch => "the page is fenced by another lock service, whose tokens are not comparable with these",
+            Self::VersionMismatch => "If-Match names another version than the page's",
+            Self::BodyTooLarge => "the body is larger than 1 MiB",
+            Self::UnsupportedMediaType => "the body is not sent as Content-Type: application/json",
+            Self::FencingTokenRequired => "a write without Fencing-Token while fencing is enforced",
+            Self::Internal => "a bug: logged in full, answered generically",
+            Self::IssuerUnavailable => "the token's issuer cannot be asked in time: fail closed, nothing written; retry later",
+            Self::DatabaseUnavailable => "PostgreSQL cannot be reached: nothing written; retry later",
+            Self::Timeout => "the request's deadline passed before anything was sent to the database: nothing written",
+            Self::OutcomeUnknown => "the deadline passed after the statement was sent: it may still commit; read before retrying",
+        }
+    }
+}
+
 /// Everything the gateway can answer besides success.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -68,11 +338,10 @@ pub enum ApiError {
     /// 405 `method_not_allowed`.
     #[error("method not allowed on this path")]
     MethodNotAllowed,
-    /// 400 with the given code (`invalid_page_id`, `invalid_fencing_token`,
-    /// `invalid_fencing_issuer`, `invalid_client_id`, `invalid_if_match`,
-    /// `invalid_json`, `invalid_body`, `invalid_limit`, `invalid_path`).
+    /// 400 with the given code, one of the [`ErrorCode`]s whose status is 400
+    /// (`invalid_page_id`, `invalid_fencing_token`, `invalid_json`, ...).
     #[error("{message}")]
-    BadRequest { code: &'static str, message: String },
+    BadRequest { code: ErrorCode, message: String },
     /// 413 `body_too_large`: over the 1 MiB limit.
     #[error("request body is larger than the limit of 1 MiB")]
     BodyTooLarge,
@@ -103,7 +372,9 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+    /// A 400 with `code`, which must be one of the 400 codes.
+    pub fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
+        debug_assert_eq!(code.status(), StatusCode::BAD_REQUEST, "{code:?}");
         Self::BadRequest {
             code,
             message: message.into(),
@@ -114,54 +385,44 @@ impl ApiError {
         Self::Unauthorized(message.into())
     }
 
+    /// The status, which is the code's.
     pub fn status(&self) -> StatusCode {
-        match self {
-            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::ClientIdMismatch { .. } | Self::Forbidden => StatusCode::FORBIDDEN,
-            Self::StaleToken { .. }
-            | Self::IssuerMismatch { .. }
-            | Self::UnknownIssuer { .. }
-            | Self::TokenNotCurrent { .. } => StatusCode::CONFLICT,
-            Self::IssuerUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::VersionMismatch { .. } => StatusCode::PRECONDITION_FAILED,
-            Self::FencingTokenRequired => StatusCode::PRECONDITION_REQUIRED,
-            Self::PageNotFound { .. } | Self::NoRoute(_) => StatusCode::NOT_FOUND,
-            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::DatabaseUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Timeout | Self::OutcomeUnknown { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.kind().status()
     }
 
+    /// The body's `error` code.
     pub fn code(&self) -> &'static str {
+        self.kind().as_str()
+    }
+
+    /// The code, as the enum the OpenAPI description enumerates.
+    pub fn kind(&self) -> ErrorCode {
         match self {
-            Self::Unauthorized(_) => "unauthorized",
-            Self::ClientIdMismatch { .. } => "client_id_mismatch",
-            Self::Forbidden => "forbidden",
-            Self::UnknownIssuer { .. } => "unknown_issuer",
-            Self::TokenNotCurrent { .. } => "token_not_current",
-            Self::IssuerUnavailable { .. } => "issuer_unavailable",
-            Self::StaleToken { .. } => "stale_token",
-            Self::IssuerMismatch { .. } => "issuer_mismatch",
-            Self::VersionMismatch { .. } => "version_mismatch",
-            Self::FencingTokenRequired => "fencing_token_required",
-            Self::PageNotFound { .. } => "page_not_found",
-            Self::NoRoute(_) => "not_found",
-            Self::MethodNotAllowed => "method_not_allowed",
-            Self::BadRequest { code, .. } => code,
-            Self::BodyTooLarge => "body_too_large",
-            Self::UnsupportedMediaType => "unsupported_media_type",
-            Self::DatabaseUnavailable(_) => "database_unavailable",
-            Self::Timeout => "timeout",
-            Self::OutcomeUnknown { .. } => "outcome_unknown",
-            Self::Internal(_) => "internal",
+            Self::Unauthorized(_) => ErrorCode::Unauthorized,
+            Self::ClientIdMismatch { .. } => ErrorCode::ClientIdMismatch,
+            Self::Forbidden => ErrorCode::Forbidden,
+            Self::UnknownIssuer { .. } => ErrorCode::UnknownIssuer,
+            Self::TokenNotCurrent { .. } => ErrorCode::TokenNotCurrent,
+            Self::IssuerUnavailable { .. } => ErrorCode::IssuerUnavailable,
+            Self::StaleToken { .. } => ErrorCode::StaleToken,
+            Self::IssuerMismatch { .. } => ErrorCode::IssuerMismatch,
+            Self::VersionMismatch { .. } => ErrorCode::VersionMismatch,
+            Self::FencingTokenRequired => ErrorCode::FencingTokenRequired,
+            Self::PageNotFound { .. } => ErrorCode::PageNotFound,
+            Self::NoRoute(_) => ErrorCode::NotFound,
+            Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
+            Self::BadRequest { code, .. } => *code,
+            Self::BodyTooLarge => ErrorCode::BodyTooLarge,
+            Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
+            Self::DatabaseUnavailable(_) => ErrorCode::DatabaseUnavailable,
+            Self::Timeout => ErrorCode::Timeout,
+            Self::OutcomeUnknown { .. } => ErrorCode::OutcomeUnknown,
+            Self::Internal(_) => ErrorCode::Internal,
         }
     }
 
-    fn details(&self) -> Map<String, Value> {
+    /// The fields beside `error` and `message` (see [`ErrorCode::details`]).
+    pub fn details(&self) -> Map<String, Value> {
         let value = match self {
             Self::ClientIdMismatch { client, .. } => json!({"client_id": client}),
             Self::UnknownIssuer { issuer, known } => json!({"issuer": issuer, "known": known}),
@@ -269,28 +530,149 @@ impl From<JsonRejection> for ApiError {
                 Self::BodyTooLarge
             }
             JsonRejection::JsonSyntaxError(_) | JsonRejection::JsonDataError(_) => {
-                Self::bad_request("invalid_json", r.body_text())
+                Self::bad_request(ErrorCode::InvalidJson, r.body_text())
             }
-            other => Self::bad_request("invalid_body", other.body_text()),
+            other => Self::bad_request(ErrorCode::InvalidBody, other.body_text()),
         }
     }
 }
 
 impl From<PathRejection> for ApiError {
     fn from(r: PathRejection) -> Self {
-        Self::bad_request("invalid_path", r.body_text())
+        Self::bad_request(ErrorCode::InvalidPath, r.body_text())
     }
 }
 
 impl From<QueryRejection> for ApiError {
     fn from(r: QueryRejection) -> Self {
-        Self::bad_request("invalid_query", r.body_text())
+        Self::bad_request(ErrorCode::InvalidQuery, r.body_text())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One error of every variant, and of every 400 code: the body of each
+    /// must have exactly the fields its code's description lists.
+    fn one_of_each() -> Vec<ApiError> {
+        let token = Token::new(3).unwrap();
+        let mut all = vec![
+            ApiError::unauthorized("no key"),
+            ApiError::ClientIdMismatch {
+                sent: "a".into(),
+                client: "b".into(),
+            },
+            ApiError::Forbidden,
+            ApiError::UnknownIssuer {
+                issuer: "x".into(),
+                known: vec!["redis".into()],
+            },
+            ApiError::TokenNotCurrent {
+                issuer: "redis".into(),
+                offered: token,
+                holder: None,
+                message: "not current".into(),
+            },
+            ApiError::IssuerUnavailable {
+                issuer: "redis".into(),
+                detail: "refused".into(),
+            },
+            ApiError::StaleToken {
+                offered: token,
+                current: token,
+                issuer: "redis".into(),
+            },
+            ApiError::IssuerMismatch {
+                offered: "a".into(),
+                current: "b".into(),
+            },
+            ApiError::VersionMismatch {
+                expected: 1,
+                current: None,
+            },
+            ApiError::FencingTokenRequired,
+            ApiError::PageNotFound {
+                id: "p".into(),
+                fence: None,
+            },
+            ApiError::NoRoute("GET /x".into()),
+            ApiError::MethodNotAllowed,
+            ApiError::BodyTooLarge,
+            ApiError::UnsupportedMediaType,
+            ApiError::DatabaseUnavailable(DbError::Unavailable("down".into())),
+            ApiError::Timeout,
+            ApiError::OutcomeUnknown {
+                id: "p".into(),
+                method: "PUT",
+                token: None,
+            },
+            ApiError::Internal("bug".into()),
+        ];
+        for code in ErrorCode::ALL {
+            if code.status() == StatusCode::BAD_REQUEST {
+                all.push(ApiError::bad_request(code, "bad"));
+            }
+        }
+        // A new variant must be added above: this match has no wildcard.
+        for e in &all {
+            match e {
+                ApiError::Unauthorized(_)
+                | ApiError::ClientIdMismatch { .. }
+                | ApiError::Forbidden
+                | ApiError::UnknownIssuer { .. }
+                | ApiError::TokenNotCurrent { .. }
+                | ApiError::IssuerUnavailable { .. }
+                | ApiError::StaleToken { .. }
+                | ApiError::IssuerMismatch { .. }
+                | ApiError::VersionMismatch { .. }
+                | ApiError::FencingTokenRequired
+                | ApiError::PageNotFound { .. }
+                | ApiError::NoRoute(_)
+                | ApiError::MethodNotAllowed
+                | ApiError::BadRequest { .. }
+                | ApiError::BodyTooLarge
+                | ApiError::UnsupportedMediaType
+                | ApiError::DatabaseUnavailable(_)
+                | ApiError::Timeout
+                | ApiError::OutcomeUnknown { .. }
+                | ApiError::Internal(_) => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_error_body_has_exactly_the_fields_its_code_declares() {
+        let errors = one_of_each();
+        let mut kinds: Vec<ErrorCode> = errors.iter().map(ApiError::kind).collect();
+        kinds.sort();
+        let mut all = ErrorCode::ALL.to_vec();
+        all.sort();
+        assert_eq!(kinds, all, "one error per code, every code answered");
+        for e in errors {
+            let code = e.kind();
+            assert_eq!(e.status(), code.status(), "{code:?}");
+            assert_eq!(e.code(), code.as_str());
+            let mut fields: Vec<String> = e.details().keys().cloned().collect();
+            fields.sort();
+            let mut declared: Vec<String> = code
+                .details()
+                .iter()
+                .map(|(n, _)| (*n).to_owned())
+                .collect();
+            declared.sort();
+            assert_eq!(fields, declared, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn error_codes_are_distinct() {
+        let mut names: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), ErrorCode::ALL.len());
+    }
 
     #[test]
     fn protocol_errors_are_bugs_and_unavailability_is_503() {

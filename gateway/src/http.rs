@@ -15,19 +15,21 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::auth::{self, AuthMode};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::issuers::{lock_name, valid_issuer_name};
 use crate::metrics::{self, Outcome};
-use crate::store::{self, Access, Fence, Page, Verdict};
+use crate::openapi::{self, errors, AnyRequestErrors, PageIdParam, ReadHeaders, WriteHeaders};
+use crate::store::{self, Access, Fence, HistoryEntry, Page, Verdict};
 use crate::{AppState, FenceCheck};
 use fencelock::Token;
 
@@ -66,17 +68,26 @@ impl Default for Deadlines {
     }
 }
 
+/// Every route with its description: a handler is routed by the path and
+/// method of its `#[utoipa::path]` annotation, so the routes and the
+/// OpenAPI description ([`crate::openapi`]) come from one place.
+pub fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(<openapi::BaseDoc as utoipa::OpenApi>::openapi())
+        .routes(routes!(list_pages))
+        .routes(routes!(get_page, put_page))
+        .routes(routes!(page_history))
+        .routes(routes!(admin_set_fence))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics_text))
+        .merge(crate::dashboard::api())
+        .merge(openapi::api())
+}
+
 /// The whole HTTP API with its layers.
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/pages", get(list_pages))
-        .route("/pages/{id}", get(get_page).put(put_page))
-        .route("/pages/{id}/history", get(page_history))
-        .route("/admin/pages/{id}/fence", post(admin_set_fence))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .merge(crate::dashboard::router())
+    let (routes, _) = api().split_for_parts();
+    routes
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -218,7 +229,7 @@ impl<S: Send + Sync> FromRequestParts<S> for PageId {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         if !valid {
             return Err(ApiError::bad_request(
-                "invalid_page_id",
+                ErrorCode::InvalidPageId,
                 "page ids are 1 to 128 characters of A-Z, a-z, 0-9, '_' and '-'",
             ));
         }
@@ -319,7 +330,7 @@ impl FromRequestParts<AppState> for Admin {
 fn header<'h>(
     headers: &'h HeaderMap,
     name: &str,
-    code: &'static str,
+    code: ErrorCode,
 ) -> Result<Option<&'h str>, ApiError> {
     let mut values = headers.get_all(name).iter();
     match values.next() {
@@ -337,11 +348,11 @@ fn header<'h>(
 
 /// Parse `Fencing-Token`, `Fencing-Issuer`, `Client-Id` and `If-Match`.
 pub fn parse_headers(headers: &HeaderMap) -> Result<FencingHeaders, ApiError> {
-    let token = match header(headers, "fencing-token", "invalid_fencing_token")? {
+    let token = match header(headers, "fencing-token", ErrorCode::InvalidFencingToken)? {
         None => None,
         Some(s) => Some(s.parse::<Token>().map_err(|_| {
             ApiError::bad_request(
-                "invalid_fencing_token",
+                ErrorCode::InvalidFencingToken,
                 format!(
                     "Fencing-Token must be a decimal integer from 0 to {}, got {s:?}",
                     i64::MAX
@@ -349,33 +360,39 @@ pub fn parse_headers(headers: &HeaderMap) -> Result<FencingHeaders, ApiError> {
             )
         })?),
     };
-    let issuer = match header(headers, "fencing-issuer", "invalid_fencing_issuer")? {
+    let issuer = match header(headers, "fencing-issuer", ErrorCode::InvalidFencingIssuer)? {
         None => "default".to_owned(),
         Some(s) => {
             if !valid_issuer_name(s) {
                 return Err(ApiError::bad_request(
-                    "invalid_fencing_issuer",
+                    ErrorCode::InvalidFencingIssuer,
                     format!("Fencing-Issuer must match [a-z0-9._:-]{{1,64}}, got {s:?}"),
                 ));
             }
             s.to_owned()
         }
     };
-    let client_id = match header(headers, "client-id", "invalid_client_id")? {
+    let client_id = match header(headers, "client-id", ErrorCode::InvalidClientId)? {
         None => None,
-        Some(s) if (1..=128).contains(&s.len()) => Some(s.to_owned()),
-        Some(_) => {
+        // The lock library's rule for client ids (no spaces, no tabs), so
+        // that a Client-Id can name a lock holder at all. The header's own
+        // rule (`to_str`) lets spaces and tabs through: schemathesis sent a
+        // tab, and it was recorded in the history.
+        Some(s) if fencelock::validate_client_id(s).is_ok() => Some(s.to_owned()),
+        Some(s) => {
             return Err(ApiError::bad_request(
-                "invalid_client_id",
-                "Client-Id must be 1 to 128 visible ASCII characters",
+                ErrorCode::InvalidClientId,
+                format!(
+                    "Client-Id must be 1 to 128 visible ASCII characters (no spaces), got {s:?}"
+                ),
             ))
         }
     };
-    let if_match = match header(headers, IF_MATCH.as_str(), "invalid_if_match")? {
+    let if_match = match header(headers, IF_MATCH.as_str(), ErrorCode::InvalidIfMatch)? {
         None => None,
         Some(s) => Some(parse_etag(s).ok_or_else(|| {
             ApiError::bad_request(
-                "invalid_if_match",
+                ErrorCode::InvalidIfMatch,
                 format!("If-Match must be a quoted version such as \"3\", got {s:?}"),
             )
         })?),
@@ -405,9 +422,13 @@ fn parse_etag(s: &str) -> Option<i64> {
 
 // ---- handlers ----
 
-#[derive(Deserialize)]
+/// A page's new text.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PutBody {
+pub struct PutBody {
+    /// The whole text. No NUL characters (400 `invalid_body`): PostgreSQL's
+    /// text cannot hold them.
+    #[schema(pattern = "^[^\\u0000]*$")]
     body: String,
 }
 
@@ -485,6 +506,55 @@ async fn run_fenced(
     }
 }
 
+errors!(
+    GetPageErrors = [
+        InvalidPageId,
+        InvalidPath,
+        InvalidFencingToken,
+        InvalidFencingIssuer,
+        InvalidClientId,
+        InvalidIfMatch,
+        Unauthorized,
+        ClientIdMismatch,
+        PageNotFound,
+        NotFound,
+        UnknownIssuer,
+        TokenNotCurrent,
+        StaleToken,
+        IssuerMismatch,
+        IssuerUnavailable,
+        DatabaseUnavailable,
+        OutcomeUnknown,
+    ]
+);
+
+/// Read a page.
+///
+/// Without `Fencing-Token`, a plain read: public. With it, a *fenced read*:
+/// it needs a writer's key, its token is checked with its issuer and against
+/// the page's fence like a write's, and it raises the fence to the token (so
+/// an older holder's late write is refused afterwards); it is recorded in the
+/// history. A fenced read of a page never written still records its fence
+/// (404 `page_not_found` with the fence). `If-Match` is checked for its form
+/// only: a GET is not conditional.
+#[utoipa::path(
+    get,
+    path = "/pages/{id}",
+    operation_id = "get_page",
+    tag = "pages",
+    params(PageIdParam, ReadHeaders),
+    security((), ("writer_key" = [])),
+    responses(
+        (status = 200, description = "The page; `ETag` is its version, quoted", body = Page,
+            headers(("ETag" = String, description = "The page's version, quoted: `\"1\"`")),
+            links(
+                ("History" = (operation_id = "page_history", parameters(("id" = "$response.body#/id")))),
+                ("Write" = (operation_id = "put_page", parameters(("id" = "$response.body#/id")))),
+            ),
+            example = json!(openapi::parse(openapi::tutorial::PAGE_CREATED))),
+        GetPageErrors,
+    )
+)]
 // Per-request spans and events are debug: a profile under load (issue 18,
 // docs/BENCHMARKS.md) showed tracing's formatting among the largest costs
 // of the request path that the gateway controls. Every attempt is recorded
@@ -526,6 +596,68 @@ async fn get_page(
     }
 }
 
+errors!(
+    PutPageErrors = [
+        InvalidPageId,
+        InvalidPath,
+        InvalidFencingToken,
+        InvalidFencingIssuer,
+        InvalidClientId,
+        InvalidIfMatch,
+        InvalidJson,
+        InvalidBody,
+        Unauthorized,
+        ClientIdMismatch,
+        NotFound,
+        UnknownIssuer,
+        TokenNotCurrent,
+        StaleToken,
+        IssuerMismatch,
+        VersionMismatch,
+        BodyTooLarge,
+        UnsupportedMediaType,
+        FencingTokenRequired,
+        IssuerUnavailable,
+        DatabaseUnavailable,
+        OutcomeUnknown,
+    ]
+);
+
+/// Write a page.
+///
+/// Needs a writer's key. With fencing enforced it needs `Fencing-Token`
+/// (428 otherwise); the token's issuer must say it is current, for this
+/// client (409 `token_not_current`), and it must not be older than the
+/// page's fence (409 `stale_token`): the check, the write and the history
+/// row are one SQL statement. 201 when the write created the page, 200 after.
+#[utoipa::path(
+    put,
+    path = "/pages/{id}",
+    operation_id = "put_page",
+    tag = "pages",
+    params(PageIdParam, WriteHeaders),
+    security(("writer_key" = [])),
+    request_body(content = PutBody, content_type = "application/json",
+        example = json!(openapi::parse(openapi::tutorial::PUT_BODY))),
+    responses(
+        (status = 201, description = "Created: the page's first write (version 1)", body = Page,
+            headers(("ETag" = String, description = "The page's version, quoted: `\"1\"`")),
+            links(
+                ("Read" = (operation_id = "get_page", parameters(("id" = "$response.body#/id")))),
+                ("History" = (operation_id = "page_history", parameters(("id" = "$response.body#/id")))),
+                ("SetFence" = (operation_id = "admin_set_fence", parameters(("id" = "$response.body#/id")))),
+            ),
+            example = json!(openapi::parse(openapi::tutorial::PAGE_CREATED))),
+        (status = 200, description = "Written", body = Page,
+            headers(("ETag" = String, description = "The page's version, quoted: `\"2\"`")),
+            links(
+                ("Read" = (operation_id = "get_page", parameters(("id" = "$response.body#/id")))),
+                ("History" = (operation_id = "page_history", parameters(("id" = "$response.body#/id")))),
+            ),
+            example = json!(openapi::parse(openapi::tutorial::PAGE_UPDATED))),
+        PutPageErrors,
+    )
+)]
 // Debug, as `get_page`'s span.
 #[tracing::instrument(level = "debug", skip_all, fields(page = %id, token = ?h.token, issuer = %h.issuer))]
 async fn put_page(
@@ -537,7 +669,7 @@ async fn put_page(
 ) -> Result<Response, ApiError> {
     if put.body.contains('\0') {
         return Err(ApiError::bad_request(
-            "invalid_body",
+            ErrorCode::InvalidBody,
             "body must not contain NUL characters",
         ));
     }
@@ -672,18 +804,107 @@ async fn check_with_issuer(
     })
 }
 
+/// The fence an admin sets: `issuer` and `token` together, or both `null`
+/// (or left out) to clear it; and why. Its schema is written by hand
+/// ([`openapi::fence_body_schema`]): "both or neither" is not a field's type.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FenceBody {
+pub struct FenceBody {
     issuer: Option<String>,
+    #[serde(default, deserialize_with = "json_token")]
     token: Option<Token>,
     reason: String,
 }
 
-/// `POST /admin/pages/{id}/fence`: an operator sets (lowers, clears) a page's
-/// fence, audited by a history row (`ADMIN`, `fence_set`, `admin:<name>`,
-/// the reason). The way back when a page's fence is above what its issuer can
-/// grant; see docs/OPERATIONS.md.
+/// A token in a JSON body: an integer from 0 to 2^63-1, or `null`. JSON
+/// Schema, and so the OpenAPI description, counts `28.0` as the integer 28
+/// (schemathesis sent one, and serde refused it as not a `u64`), so an
+/// integral number written with a fraction is taken too, but only where a
+/// double holds it exactly (up to 2^53): a token is never rounded.
+fn json_token<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Token>, D::Error> {
+    use serde::de::Error;
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let token = match (n.as_u64(), n.as_f64()) {
+        (Some(u), _) => Token::new(u),
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..=EXACT).contains(&f) => Token::new(f as u64),
+        _ => None,
+    };
+    token.map(Some).ok_or_else(|| {
+        D::Error::custom(format!(
+            "token must be an integer from 0 to {}, got {n}",
+            i64::MAX
+        ))
+    })
+}
+
+impl utoipa::PartialSchema for FenceBody {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+        openapi::fence_body_schema()
+    }
+}
+
+impl ToSchema for FenceBody {}
+
+/// What an admin's fence change did.
+#[derive(Serialize, ToSchema)]
+pub struct FenceSetReply {
+    pub id: String,
+    /// The page's version (unchanged by the fence: 0 for a page never written).
+    #[schema(minimum = 0)]
+    pub version: i64,
+    #[schema(required = true)]
+    pub fence: Option<Fence>,
+    #[schema(required = true)]
+    pub previous_fence: Option<Fence>,
+}
+
+errors!(
+    AdminSetFenceErrors = [
+        InvalidPageId,
+        InvalidPath,
+        InvalidReason,
+        InvalidFencingIssuer,
+        InvalidFence,
+        InvalidJson,
+        InvalidBody,
+        Unauthorized,
+        Forbidden,
+        PageNotFound,
+        NotFound,
+        BodyTooLarge,
+        UnsupportedMediaType,
+        DatabaseUnavailable,
+    ]
+);
+
+/// Set (lower, clear) a page's fence: admins only.
+///
+/// The way back when a page's fence is above what its issuer can grant (a
+/// lock service that lost its counter); see docs/OPERATIONS.md. Audited by
+/// a history row (method `ADMIN`, outcome `fence_set`, client `admin:<name>`,
+/// the reason). Lowering a fence re-opens what it closed.
+#[utoipa::path(
+    post,
+    path = "/admin/pages/{id}/fence",
+    operation_id = "admin_set_fence",
+    tag = "admin",
+    params(PageIdParam),
+    security(("admin_key" = [])),
+    request_body(content = FenceBody, content_type = "application/json",
+        example = json!(openapi::parse(openapi::tutorial::FENCE_BODY))),
+    responses(
+        (status = 200, description = "The fence was set", body = FenceSetReply,
+            links(
+                ("Read" = (operation_id = "get_page", parameters(("id" = "$response.body#/id")))),
+                ("History" = (operation_id = "page_history", parameters(("id" = "$response.body#/id")))),
+            ),
+            example = json!(openapi::parse(openapi::tutorial::FENCE_SET))),
+        AdminSetFenceErrors,
+    )
+)]
 #[tracing::instrument(skip_all, fields(page = %id, admin = %admin))]
 async fn admin_set_fence(
     State(state): State<AppState>,
@@ -694,7 +915,7 @@ async fn admin_set_fence(
     let reason = body.reason.trim();
     if reason.is_empty() || reason.chars().count() > 1000 || reason.contains('\0') {
         return Err(ApiError::bad_request(
-            "invalid_reason",
+            ErrorCode::InvalidReason,
             "reason must be 1 to 1000 characters (without NUL): the history keeps it",
         ));
     }
@@ -702,7 +923,7 @@ async fn admin_set_fence(
         (Some(issuer), Some(token)) => {
             if !valid_issuer_name(&issuer) {
                 return Err(ApiError::bad_request(
-                    "invalid_fencing_issuer",
+                    ErrorCode::InvalidFencingIssuer,
                     format!("issuer must match [a-z0-9._:-]{{1,64}}, got {issuer:?}"),
                 ));
             }
@@ -710,7 +931,7 @@ async fn admin_set_fence(
         }
         (None, None) => None,
         _ => return Err(ApiError::bad_request(
-            "invalid_fence",
+            ErrorCode::InvalidFence,
             "issuer and token go together: give both to set the fence, or null both to clear it",
         )),
     };
@@ -722,23 +943,70 @@ async fn admin_set_fence(
             fence: None,
         })?;
     tracing::warn!(previous = ?set.previous, fence = ?set.fence, reason, "page fence set by an admin");
-    let mut response = Json(json!({
-        "id": id,
-        "version": set.version,
-        "fence": set.fence,
-        "previous_fence": set.previous,
-    }))
-    .into_response();
+    let reply = FenceSetReply {
+        id,
+        version: set.version,
+        fence: set.fence,
+        previous_fence: set.previous,
+    };
+    let mut response = sorted_json(&reply)?.into_response();
     response.extensions_mut().insert(Outcome("fence_set"));
     Ok(response)
 }
 
-#[derive(Deserialize)]
+/// `?limit=N`.
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
-struct HistoryParams {
+#[into_params(parameter_in = Query)]
+pub struct HistoryParams {
+    /// The newest `limit` attempts, 1 to 10000 (default 100).
+    #[param(minimum = 1, maximum = 10000, example = 3)]
     limit: Option<i64>,
 }
 
+/// A page's attempts, newest first.
+#[derive(Serialize, ToSchema)]
+pub struct History {
+    pub id: String,
+    pub history: Vec<HistoryEntry>,
+}
+
+/// The body serialized with its keys sorted, as `json!` writes them (the
+/// README's tutorial shows them so).
+fn sorted_json<T: Serialize>(value: &T) -> Result<Json<serde_json::Value>, ApiError> {
+    serde_json::to_value(value)
+        .map(Json)
+        .map_err(|e| ApiError::Internal(format!("encode response: {e}")))
+}
+
+errors!(
+    PageHistoryErrors = [
+        InvalidPageId,
+        InvalidPath,
+        InvalidLimit,
+        InvalidQuery,
+        NotFound,
+        DatabaseUnavailable,
+    ]
+);
+
+/// A page's history: every fenced read, write, refusal and admin change.
+///
+/// Public. Newest first; `seq` increases in commit order. Requests refused
+/// before reaching the page (400, 401, 403, 413, 415, 428, 409
+/// `unknown_issuer`, 503) leave no history. A page never accessed has an
+/// empty one.
+#[utoipa::path(
+    get,
+    path = "/pages/{id}/history",
+    operation_id = "page_history",
+    tag = "pages",
+    params(PageIdParam, HistoryParams),
+    responses(
+        (status = 200, description = "The attempts, newest first", body = History),
+        PageHistoryErrors,
+    )
+)]
 async fn page_history(
     State(state): State<AppState>,
     PageId(id): PageId,
@@ -747,32 +1015,111 @@ async fn page_history(
     let limit = params.limit.unwrap_or(100);
     if !(1..=10_000).contains(&limit) {
         return Err(ApiError::bad_request(
-            "invalid_limit",
+            ErrorCode::InvalidLimit,
             "limit must be from 1 to 10000",
         ));
     }
     let history = store::history(&state.db, &id, limit).await?;
-    Ok(Json(json!({"id": id, "history": history})).into_response())
+    Ok(sorted_json(&History { id, history })?.into_response())
 }
 
+/// Every page (bodies left out).
+#[derive(Serialize, ToSchema)]
+pub struct PageList {
+    pub pages: Vec<PageSummary>,
+}
+
+/// A page in the list.
+#[derive(Serialize, ToSchema)]
+pub struct PageSummary {
+    pub id: String,
+    /// 0 for a page only fenced (by a fenced read), never written.
+    #[schema(minimum = 0)]
+    pub version: i64,
+    #[schema(required = true)]
+    pub fence: Option<Fence>,
+}
+
+errors!(ListPagesErrors = [DatabaseUnavailable]);
+
+/// Every page, with its version and fence.
+#[utoipa::path(
+    get,
+    path = "/pages",
+    operation_id = "list_pages",
+    tag = "pages",
+    responses(
+        (status = 200, description = "The pages, by id", body = PageList,
+            links(("First" = (operation_id = "get_page", parameters(("id" = "$response.body#/pages/0/id")))))),
+        ListPagesErrors,
+    )
+)]
 async fn list_pages(State(state): State<AppState>) -> Result<Response, ApiError> {
     let rows = store::list(&state.db).await?;
-    let pages: Vec<_> = rows
+    let pages = rows
         .into_iter()
-        .map(|r| json!({"id": r.id, "version": r.version, "fence": r.fence}))
+        .map(|r| PageSummary {
+            id: r.id,
+            version: r.version,
+            fence: r.fence,
+        })
         .collect();
-    Ok(Json(json!({"pages": pages})).into_response())
+    Ok(sorted_json(&PageList { pages })?.into_response())
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({"status": "up"}))
+/// `{"status": ...}`
+#[derive(Serialize, ToSchema)]
+pub struct Status {
+    /// `up` (healthz), `ready` (readyz).
+    #[schema(value_type = String, pattern = "^(up|ready)$")]
+    pub status: &'static str,
 }
 
-async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+/// Liveness: the process answers.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Up", body = Status, example = json!({"status": "up"})),
+        AnyRequestErrors,
+    )
+)]
+async fn healthz() -> Json<Status> {
+    Json(Status { status: "up" })
+}
+
+errors!(ReadyErrors = [DatabaseUnavailable]);
+
+/// Readiness: PostgreSQL answers a query (what a balancer checks).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = Status, example = json!({"status": "ready"})),
+        ReadyErrors,
+    )
+)]
+async fn readyz(State(state): State<AppState>) -> Result<Json<Status>, ApiError> {
     store::ping(&state.db).await?;
-    Ok(Json(json!({"status": "ready"})))
+    Ok(Json(Status { status: "ready" }))
 }
 
+/// Prometheus metrics, in the text exposition format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "operations",
+    responses(
+        (status = 200, description = "The Prometheus text format (version 0.0.4)",
+            content_type = "text/plain", body = String),
+        AnyRequestErrors,
+    )
+)]
 async fn metrics_text(State(state): State<AppState>) -> Response {
     state.metrics.render()
 }

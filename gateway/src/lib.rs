@@ -38,7 +38,10 @@
 //! - [`http`]: routes, header and body validation, the issuer check
 //!   (`check_with_issuer`, with why check-then-write is safe), the request
 //!   deadline (`outcome_unknown` once a statement was sent), responses.
-//! - [`error`]: [`ApiError`], every rejection with its status and JSON body.
+//! - [`error`]: [`ApiError`], every rejection with its status and JSON body;
+//!   `ErrorCode`, the one list of codes the description enumerates.
+//! - [`openapi`]: the OpenAPI 3.1 description made from the routes'
+//!   annotations (`GET /openapi.json`) and Swagger UI (`GET /docs/`).
 //! - [`metrics`]: the Prometheus registry behind `GET /metrics`.
 //! - [`dashboard`]: the live page at `/dashboard` and its event stream.
 //!
@@ -66,6 +69,8 @@
 //! - `GET /pages`, `GET /healthz`, `GET /readyz`, `GET /metrics`: public.
 //! - `GET /` (redirect), `GET /dashboard`, `GET /dashboard/events?page=ID`
 //!   (server-sent events): public, like the history they show.
+//! - `GET /openapi.json` (this API as OpenAPI 3.1: every route, header,
+//!   status and error code), `GET /docs/` (Swagger UI): public.
 //!
 //! A request whose deadline (`--request-timeout`) passes before its
 //! statement was sent is answered 504 `timeout` (nothing written). Once the
@@ -87,6 +92,7 @@ pub mod error;
 pub mod http;
 pub mod issuers;
 pub mod metrics;
+pub mod openapi;
 pub mod server;
 pub mod store;
 pub mod trust;

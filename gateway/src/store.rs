@@ -50,18 +50,26 @@ static INSERT: Sql = Sql {
 };
 
 /// The highest token a page has seen, and which lock service issued it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Fence {
+    /// The lock service's name, as the gateway knows it (`Fencing-Issuer`).
+    #[schema(pattern = "^[a-z0-9._:-]{1,64}$")]
     pub issuer: String,
+    #[schema(value_type = i64, minimum = 0)]
     pub token: Token,
 }
 
 /// A page as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Page {
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub id: String,
     pub body: String,
+    /// 1 after the first write, one more after each; the `ETag`.
+    #[schema(minimum = 1)]
     pub version: i64,
+    /// `null` until a fenced access.
+    #[schema(required = true)]
     pub fence: Option<Fence>,
 }
 
@@ -224,22 +232,37 @@ pub async fn list(db: &Db) -> Result<Vec<Row>, DbError> {
 }
 
 /// One attempt on a page, as `GET /pages/{id}/history` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct HistoryEntry {
     /// Increases in commit order within a page.
     pub seq: i64,
     pub at: DateTime<Utc>,
+    /// `GET` (a fenced read), `PUT`, or `ADMIN` (a fence set by an admin).
+    #[schema(pattern = "^(GET|PUT|ADMIN)$")]
     pub method: String,
+    /// `accepted`; `stale` (accepted with fencing off although older than the
+    /// fence); the refusals `stale_token`, `issuer_mismatch`,
+    /// `version_mismatch`, `token_not_current`; `fence_set` (an admin's change).
+    #[schema(
+        pattern = "^(accepted|stale|stale_token|issuer_mismatch|version_mismatch|token_not_current|fence_set)$"
+    )]
     pub outcome: String,
+    #[schema(required = true, minimum = 0)]
     pub token: Option<i64>,
+    #[schema(required = true)]
     pub issuer: Option<String>,
+    /// The key's client (`admin:<name>` for an admin).
+    #[schema(required = true)]
     pub client_id: Option<String>,
     /// The page's version after the attempt.
+    #[schema(minimum = 0)]
     pub version: i64,
     /// The page's fence token after the attempt.
+    #[schema(required = true, minimum = 0)]
     pub fence_token: Option<i64>,
     /// Why an admin set the fence (`fence_set` rows only; left out elsewhere).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub reason: Option<String>,
 }
 

@@ -22,12 +22,14 @@
 //! - [`sentinel`]: a Redis master, its replica and three sentinels.
 //! - [`stack`]: `scripts/stack`, the whole demo topology, on free ports.
 //! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
+//! - [`python`]: Python tools (schemathesis, the benchmark's peers) in venvs under `target/`.
 
 pub mod haproxy;
 pub mod mariadb;
 pub mod netns;
 pub mod postgres;
 pub mod process;
+pub mod python;
 pub mod redis;
 pub mod replication;
 pub mod sentinel;
