@@ -167,6 +167,8 @@
 mod error;
 mod lease;
 mod token;
+#[cfg(any(feature = "redis", feature = "lease-postgres", feature = "lease-mysql"))]
+mod wake;
 
 #[cfg(any(feature = "lease-postgres", feature = "lease-mysql"))]
 #[cfg_attr(
@@ -191,6 +193,8 @@ pub use error::LockError;
 pub use lease::{
     default_client_id, drift_allowance, lost_channel, poll_until_granted, validate_client_id,
     validity_for, AcquireOptions, Fencing, Grant, Holder, HolderLookup, Lease, LockService,
-    LostSignal, LostTrigger, NewLease,
+    LostSignal, LostTrigger, NewLease, WaitStats,
 };
 pub use token::{Token, TokenError};
+#[cfg(any(feature = "redis", feature = "lease-postgres", feature = "lease-mysql"))]
+pub(crate) use wake::{wait_for_grant, Try, WaitCounters, Waiter};
