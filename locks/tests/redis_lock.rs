@@ -469,7 +469,10 @@ async fn a_dead_fair_waiter_is_skipped_once_its_place_lapses() {
 async fn a_fair_waiter_that_gives_up_leaves_the_queue() {
     let redis = Redis::start().await;
     let holder = service(&redis).await;
-    let quitter = service(&redis).await;
+    // Its place would last 40 s: only leaving explains an empty queue.
+    let quitter = service(&redis)
+        .await
+        .with_poll_fallback(Duration::from_secs(10));
     let lease = holder
         .acquire("page", Duration::from_secs(30), Duration::ZERO)
         .await
@@ -495,15 +498,20 @@ async fn a_fair_waiter_that_gives_up_leaves_the_queue() {
 #[tokio::test]
 async fn a_reentrant_owner_takes_the_lock_again_with_the_same_token_until_its_last_release() {
     let redis = Redis::start().await;
-    let svc = service(&redis).await.with_client_id("alice").unwrap();
+    let fair = service(&redis).await.with_client_id("alice").unwrap();
+    reentrant_claims(&redis, fair.clone(), "page").await;
+    reentrant_claims(&redis, fair.non_fair(), "other").await;
+}
+
+async fn reentrant_claims(redis: &Redis, svc: RedisLock, name: &str) {
     let owner = svc.clone().reentrant();
     let outer = owner
-        .acquire("page", Duration::from_secs(10), Duration::ZERO)
+        .acquire(name, Duration::from_secs(10), Duration::ZERO)
         .await
         .unwrap();
     let inner = owner
         .clone()
-        .acquire("page", Duration::from_secs(10), Duration::ZERO)
+        .acquire(name, Duration::from_secs(10), Duration::ZERO)
         .await
         .expect("the same owner re-enters at once");
     assert_eq!(
@@ -511,17 +519,17 @@ async fn a_reentrant_owner_takes_the_lock_again_with_the_same_token_until_its_la
         outer.token(),
         "the token stays while re-entered"
     );
-    assert_eq!(count(&redis, "page").await, Some(2));
+    assert_eq!(count(redis, name).await, Some(2));
     let holder = Some(fencelock::Holder {
         client_id: "alice".into(),
         token: outer.token().unwrap(),
     });
-    assert_eq!(svc.current_holder("page").await.unwrap(), holder);
+    assert_eq!(svc.current_holder(name).await.unwrap(), holder);
 
     // Another owner, reentrant or not, same client id or not, is refused.
     for other in [svc.clone().reentrant(), svc.clone(), svc.clone().non_fair()] {
         let refused = other
-            .acquire("page", Duration::from_secs(10), Duration::ZERO)
+            .acquire(name, Duration::from_secs(10), Duration::ZERO)
             .await;
         assert!(
             matches!(refused, Err(LockError::Timeout { .. })),
@@ -531,21 +539,13 @@ async fn a_reentrant_owner_takes_the_lock_again_with_the_same_token_until_its_la
 
     let first_token = outer.token();
     inner.release().await.unwrap();
-    assert_eq!(
-        count(&redis, "page").await,
-        Some(1),
-        "one release counts down"
-    );
-    assert_eq!(svc.current_holder("page").await.unwrap(), holder);
+    assert_eq!(count(redis, name).await, Some(1), "one release counts down");
+    assert_eq!(svc.current_holder(name).await.unwrap(), holder);
     outer.release().await.unwrap();
-    assert_eq!(
-        count(&redis, "page").await,
-        None,
-        "the last release deletes"
-    );
-    assert_eq!(svc.current_holder("page").await.unwrap(), None);
+    assert_eq!(count(redis, name).await, None, "the last release deletes");
+    assert_eq!(svc.current_holder(name).await.unwrap(), None);
     let next = svc
-        .acquire("page", Duration::from_secs(10), Duration::ZERO)
+        .acquire(name, Duration::from_secs(10), Duration::ZERO)
         .await
         .unwrap();
     assert!(next.token() > first_token, "a new grant, a new token");
@@ -640,4 +640,42 @@ async fn count(redis: &Redis, name: &str) -> Option<i64> {
         .query_async(&mut raw(redis).await)
         .await
         .unwrap()
+}
+
+/// The lock freed while the first waiter is not looking (frozen, not yet
+/// woken): it stays the first waiter's until its place lapses, and a
+/// newcomer that tries without waiting is refused.
+#[tokio::test]
+async fn a_free_lock_waits_for_the_first_waiter_and_a_newcomer_is_refused() {
+    let redis = Redis::start().await;
+    let holder = service(&redis).await;
+    let first = service(&redis)
+        .await
+        .with_poll_fallback(Duration::from_secs(10));
+    let lease = holder
+        .acquire("page", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    let mut waiting =
+        Box::pin(first.acquire("page", Duration::from_secs(30), Duration::from_secs(60)));
+    tokio::select! {
+        r = &mut waiting => panic!("granted while held: {r:?}"),
+        () = queued(&redis, "page", 1) => {}
+    }
+    lease.release().await.unwrap();
+    for newcomer in [holder.clone(), service(&redis).await] {
+        let refused = newcomer
+            .acquire("page", Duration::from_secs(30), Duration::ZERO)
+            .await;
+        assert!(
+            matches!(refused, Err(LockError::Timeout { .. })),
+            "{refused:?}"
+        );
+    }
+    // The first waiter, polled again, finds the release's message and takes it.
+    let granted = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the first waiter is granted at once")
+        .unwrap();
+    granted.release().await.unwrap();
 }
