@@ -96,9 +96,9 @@
 //! A database that goes away during a hold fails the renewals; the lease's
 //! validity passes and its lost signal fires.
 
-use std::sync::{Arc, Mutex};
 #[cfg(feature = "lease-postgres")]
 use std::sync::Weak;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -236,8 +236,8 @@ pub struct Statements {
     /// One statement: `first` reads the first live waiter (lowest ticket,
     /// place not lapsed); `granted` is the grant of `pg_acquire`, given only
     /// when nobody waits or the caller is `first`; then, granted, the
-    /// caller's place is deleted, or, refused, the lapsed places of others
-    /// are deleted and the caller's is taken or renewed. The grant's atomicity
+    /// caller's place is deleted, or, refused, the caller's is taken or
+    /// renewed; either way the lapsed places of others are deleted. The grant's atomicity
     /// is `pg_acquire`'s: the row's condition is evaluated under its lock.
     /// The queue is read from the statement's snapshot, which orders grants
     /// but is not needed for their safety.
@@ -297,7 +297,7 @@ pub struct Statements {
     /// MySQL/MariaDB: delete the lapsed places of a name (bind: name).
     pub mysql_purge: String,
     /// MySQL/MariaDB: delete a waiter's place (binds: name, waiter id), when
-    /// it was granted or gave up.
+    /// it was granted or gave up, and the lapsed places of the name.
     pub mysql_leave: String,
     /// MySQL/MariaDB renew: TTL in µs, name, holder, token; only while not lapsed.
     pub mysql_renew: String,
@@ -385,7 +385,6 @@ served as (
 purged as (
   delete from {t}_waiters w
    where w.name = $1 and w.expires_at <= now() and w.waiter <> $2
-     and not exists (select 1 from granted)
 ),
 queued as (
   insert into {t}_waiters (name, waiter, expires_at)
@@ -480,10 +479,10 @@ insert into {t}_waiters (name, waiter, expires_at)
 values (?, ?, now(6) + interval ? microsecond)
 on duplicate key update expires_at = values(expires_at)"
             ),
-            mysql_purge: format!(
-                "delete from {t}_waiters where name = ? and expires_at <= now(6)"
+            mysql_purge: format!("delete from {t}_waiters where name = ? and expires_at <= now(6)"),
+            mysql_leave: format!(
+                "delete from {t}_waiters where name = ? and (waiter = ? or expires_at <= now(6))"
             ),
-            mysql_leave: format!("delete from {t}_waiters where name = ? and waiter = ?"),
             mysql_renew: format!(
                 "
 update {t} set expires_at = now(6) + interval ? microsecond
@@ -587,7 +586,6 @@ create table if not exists {table}_waiters (
         ]
     }
 }
-
 
 #[derive(Clone)]
 enum Pool {
@@ -892,7 +890,11 @@ impl LeaseTable {
         queue: bool,
     ) -> Result<Try, LockError> {
         let requested_at = Instant::now();
-        let place = if queue { self.place().as_secs_f64() } else { 0.0 };
+        let place = if queue {
+            self.place().as_secs_f64()
+        } else {
+            0.0
+        };
         let (token, wait_secs): (Option<i64>, Option<f64>) = with_reconnect(|| async {
             let q = if self.fair {
                 &self.sql.pg_acquire_fair
@@ -1042,7 +1044,10 @@ impl LeaseTable {
             })
             .await;
             if let Err(e) = left {
-                tracing::debug!(lock = name, "leaving the queue failed (the place lapses): {e}");
+                tracing::debug!(
+                    lock = name,
+                    "leaving the queue failed (the place lapses): {e}"
+                );
             }
         }
     }
@@ -1062,7 +1067,10 @@ impl LeaseTable {
                 })
                 .await;
                 if let Err(e) = left {
-                    tracing::debug!(lock = name, "leaving the queue failed (the place lapses): {e}");
+                    tracing::debug!(
+                        lock = name,
+                        "leaving the queue failed (the place lapses): {e}"
+                    );
                 }
             }
             #[cfg(feature = "lease-mysql")]
@@ -1228,7 +1236,10 @@ impl Listen {
         let mut listener = match started {
             Ok(Ok(l)) => l,
             failed => {
-                tracing::debug!(issuer = ISSUER_POSTGRES, "LISTEN unavailable, polling: {failed:?}");
+                tracing::debug!(
+                    issuer = ISSUER_POSTGRES,
+                    "LISTEN unavailable, polling: {failed:?}"
+                );
                 state.failed_at = Some(Instant::now());
                 return None;
             }
