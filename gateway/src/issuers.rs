@@ -179,9 +179,9 @@ fn sentinel_parts(url: &str) -> (Vec<String>, &str) {
 async fn connect(spec: &IssuerSpec) -> Result<Arc<dyn HolderLookup>, LockError> {
     Ok(match spec.backend {
         Backend::Redis => Arc::new(RedisLock::connect(&spec.url).await?),
-        Backend::ZooKeeper => {
-            Arc::new(ZooKeeperLock::connect(zookeeper_hosts(&spec.url), ZOOKEEPER_SESSION).await?)
-        }
+        Backend::ZooKeeper => Arc::new(ZooKeeperEither::new(
+            ZooKeeperLock::connect(zookeeper_hosts(&spec.url), ZOOKEEPER_SESSION).await?,
+        )),
         Backend::RedisSentinel => {
             let (sentinels, master) = sentinel_parts(&spec.url);
             Arc::new(RedisSentinelLock::connect(&sentinels, master).await?)
@@ -203,6 +203,44 @@ async fn connect(spec: &IssuerSpec) -> Result<Arc<dyn HolderLookup>, LockError> 
             .await?,
         ),
     })
+}
+
+/// The ZooKeeper issuer. Its two lock variants keep their holder in
+/// different places (the fair one: the head of a queue of sequential nodes;
+/// the non-fair one: one fixed node), and a worker runs either (`--fair`).
+/// Redis and the lease tables keep every variant's holder in the same place,
+/// so their lookup needs nothing like this. One session, two reads at most:
+/// the queue's head, then (only when nobody holds the queue) the fixed node.
+struct ZooKeeperEither {
+    fair: ZooKeeperLock,
+    non_fair: ZooKeeperLock,
+}
+
+impl ZooKeeperEither {
+    fn new(lock: ZooKeeperLock) -> Self {
+        ZooKeeperEither {
+            non_fair: lock.clone().non_fair(),
+            fair: lock,
+        }
+    }
+}
+
+impl HolderLookup for ZooKeeperEither {
+    fn issuer(&self) -> &str {
+        HolderLookup::issuer(&self.fair)
+    }
+
+    fn current_holder<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<Holder>, LockError>> {
+        Box::pin(async move {
+            match self.fair.current_holder(name).await? {
+                Some(holder) => Ok(Some(holder)),
+                None => self.non_fair.current_holder(name).await,
+            }
+        })
+    }
 }
 
 /// Why an issuer could not answer.
