@@ -848,8 +848,7 @@ impl LeaseTable {
         requested_at: Instant,
         holder: &str,
         token: Token,
-        bell: Bell,
-        served: Option<tokio::task::JoinHandle<()>>,
+        kept: Kept,
     ) -> Lease {
         tracing::debug!(
             lock = name,
@@ -872,8 +871,8 @@ impl LeaseTable {
                 name: name.to_string(),
                 holder: holder.to_string(),
                 token,
-                bell: tokio::sync::Mutex::new(bell),
-                served: Mutex::new(served),
+                bell: tokio::sync::Mutex::new(kept.bell),
+                served: Mutex::new(kept.served),
             }),
             lost_trigger: None,
         })
@@ -920,8 +919,10 @@ impl LeaseTable {
                 requested_at,
                 holder,
                 self.token(t)?,
-                Bell::none(),
-                None,
+                Kept {
+                    bell: Bell::none(),
+                    served: None,
+                },
             )),
             None => Try::Refused(self.bound(wait_secs)),
         })
@@ -998,8 +999,10 @@ impl LeaseTable {
                 requested_at,
                 holder,
                 token,
-                Bell(Some(conn)),
-                served,
+                Kept {
+                    bell: Bell(Some(conn)),
+                    served,
+                },
             );
             return Ok(Try::Granted(lease));
         }
@@ -1338,6 +1341,13 @@ impl Waiter for BellWaiter {
             _ => Ok(false),
         }
     }
+}
+
+/// What a MariaDB grant keeps until its release: the bell's connection, and
+/// the deletion of its place in the queue while that is in flight.
+struct Kept {
+    bell: Bell,
+    served: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// MariaDB: the pool connection that holds a lease's bell, kept from the

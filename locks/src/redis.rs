@@ -332,10 +332,13 @@ pub fn parse_holder(token: &str, owner: &str) -> Option<Holder> {
     })
 }
 
+/// The answer to `HMGET lock:{N} token owner`.
+pub(crate) type HolderFields = (Option<String>, Option<String>);
+
 /// The answer to `HMGET lock:{N} token owner`, as a holder (`None`: free).
 pub(crate) fn holder_from_fields(
     issuer: &str,
-    fields: (Option<String>, Option<String>),
+    fields: HolderFields,
 ) -> Result<Option<Holder>, LockError> {
     match fields {
         (None, None) => Ok(None),
@@ -995,7 +998,7 @@ impl HolderLookup for RedisLock {
         async move {
             let mut conn = self.inner.connection().await?;
             let get = holder_command(name);
-            let fields: (Option<String>, Option<String>) =
+            let fields: HolderFields =
                 match tokio::time::timeout(RESPONSE_TIMEOUT, get.query_async(&mut conn)).await {
                     Err(_) => {
                         self.inner.forget();

@@ -70,7 +70,7 @@ use redis::{AsyncConnectionConfig, Client};
 
 use std::sync::Arc;
 
-use crate::redis::{holder_command, holder_from_fields, RedisLock, Source};
+use crate::redis::{holder_command, holder_from_fields, HolderFields, RedisLock, Source};
 use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService};
 
 /// The issuer name sent with every token of this backend. Distinct from
@@ -336,7 +336,7 @@ impl RedisSentinelLock {
         };
         let mut pipe = redis::pipe();
         pipe.cmd("ROLE").add_command(holder_command(name));
-        let answer: Result<(Vec<redis::Value>, (Option<String>, Option<String>)), String> =
+        let answer: Result<(Vec<redis::Value>, HolderFields), String> =
             step(pipe.query_async(&mut conn)).await;
         let (role, fields) = match answer {
             Ok(a) => a,
