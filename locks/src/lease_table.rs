@@ -96,6 +96,7 @@
 //! A database that goes away during a hold fails the renewals; the lease's
 //! validity passes and its lost signal fires.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 #[cfg(feature = "lease-postgres")]
 use std::sync::Weak;
 use std::sync::{Arc, Mutex};
@@ -242,6 +243,11 @@ pub struct Statements {
     /// The queue is read from the statement's snapshot, which orders grants
     /// but is not needed for their safety.
     pub pg_acquire_fair: String,
+    /// PostgreSQL fair grant, first try: [`Statements::pg_acquire`] given
+    /// only when nobody waits (no live place in the queue). The uncontended
+    /// path of the fair lock: one index probe more than the non-fair grant.
+    /// Refused, the waiter's next tries run [`Statements::pg_acquire_fair`].
+    pub pg_acquire_fair_first: String,
     /// PostgreSQL renew: `$1` name, `$2` holder, `$3` token, `$4` TTL in seconds.
     pub pg_renew: String,
     /// PostgreSQL release: `$1` name, `$2` holder, `$3` token. Keeps the row.
@@ -275,6 +281,9 @@ pub struct Statements {
     /// (the subquery reads the queue; the row's condition, under its lock,
     /// keeps the grant atomic as above).
     pub mysql_acquire_fair: String,
+    /// MySQL/MariaDB fair grant, first try: binds as
+    /// [`Statements::mysql_acquire`]; given only when nobody waits.
+    pub mysql_acquire_fair_first: String,
     /// MySQL/MariaDB first grant of a name: the primary key lets exactly one
     /// concurrent insert win; the others are ignored (0 rows) and retry the
     /// update above on their next attempt. Binds: name, holder, client id,
@@ -369,6 +378,21 @@ select (select token from granted) as token,
                     "values ($1, $2, $5, 1, now() + make_interval(secs => $3), false, now())"
                 )
             ),
+            pg_acquire_fair_first: format!(
+                "
+with granted as ({}
+)
+select (select token from granted) as token,
+       {pg_held_for} as wait_secs",
+                pg_grant.replace(
+                    "SOURCE",
+                    &format!(
+                        "select $1, $2, $5, 1, now() + make_interval(secs => $3), false, now()
+   where not exists (select 1 from {t}_waiters w
+                      where w.name = $1 and w.expires_at > now())"
+                    )
+                )
+            ),
             pg_acquire_fair: format!(
                 "
 with first as (
@@ -447,6 +471,11 @@ select client_id, token from {t}
    and coalesce((select w.waiter from {t}_waiters w
                   where w.name = ? and w.expires_at > now(6)
                   order by w.ticket limit 1), ?) = ?"
+            ),
+            mysql_acquire_fair_first: format!(
+                "{mysql_set}
+   and not exists (select 1 from {t}_waiters w
+                    where w.name = l.name and w.expires_at > now(6))"
             ),
             mysql_acquire: mysql_set,
             mysql_create: format!(
@@ -887,6 +916,7 @@ impl LeaseTable {
         opts: AcquireOptions,
         holder: &str,
         queue: bool,
+        state: &AcquireState,
     ) -> Result<Try, LockError> {
         let requested_at = Instant::now();
         let place = if queue {
@@ -894,11 +924,14 @@ impl LeaseTable {
         } else {
             0.0
         };
+        // The first try of a fair acquire (and every try of a try-lock)
+        // takes the uncontended path; a waiter's later tries queue.
+        let queueing = self.fair && queue && !state.first.swap(false, Ordering::Relaxed);
         let (token, wait_secs): (Option<i64>, Option<f64>) = with_reconnect(|| async {
-            let q = if self.fair {
-                &self.sql.pg_acquire_fair
-            } else {
-                &self.sql.pg_acquire
+            let q = match (self.fair, queueing) {
+                (false, _) => &self.sql.pg_acquire,
+                (true, false) => &self.sql.pg_acquire_fair_first,
+                (true, true) => &self.sql.pg_acquire_fair,
             };
             let mut q = sqlx::query_as(q)
                 .bind(name)
@@ -906,7 +939,7 @@ impl LeaseTable {
                 .bind(opts.ttl.as_secs_f64())
                 .bind(self.lock_delay.as_secs_f64())
                 .bind(&*self.client_id);
-            if self.fair {
+            if queueing {
                 q = q.bind(place);
             }
             q.fetch_one(pool).await.map_err(|e| self.err(e))
@@ -939,15 +972,18 @@ impl LeaseTable {
         opts: AcquireOptions,
         holder: &str,
         queue: bool,
-        renewed: &Mutex<Option<Instant>>,
+        state: &AcquireState,
     ) -> Result<Try, LockError> {
+        let renewed = &state.renewed;
         let requested_at = Instant::now();
+        // As in `try_postgres`: the first try takes the uncontended path.
+        let queueing = self.fair && queue && !state.first.swap(false, Ordering::Relaxed);
         let granted = with_reconnect(|| async {
             let mut conn = pool.acquire().await.map_err(|e| self.err(e))?;
-            let q = if self.fair {
-                &self.sql.mysql_acquire_fair
-            } else {
-                &self.sql.mysql_acquire
+            let q = match (self.fair, queueing) {
+                (false, _) => &self.sql.mysql_acquire,
+                (true, false) => &self.sql.mysql_acquire_fair_first,
+                (true, true) => &self.sql.mysql_acquire_fair,
             };
             let mut q = sqlx::query(q)
                 .bind(holder)
@@ -956,7 +992,7 @@ impl LeaseTable {
                 .bind(micros(opts.ttl))
                 .bind(name)
                 .bind(micros(self.lock_delay));
-            if self.fair {
+            if queueing {
                 q = q.bind(name).bind(holder).bind(holder);
             }
             let updated = q.execute(&mut *conn).await.map_err(|e| self.err(e))?;
@@ -1091,6 +1127,10 @@ impl LeaseTable {
             waiter: holder.clone(),
         };
         let counters = &self.shared.counters;
+        let state = AcquireState {
+            first: AtomicBool::new(true),
+            renewed: Mutex::new(None),
+        };
         let result = match &self.pool {
             #[cfg(feature = "lease-postgres")]
             Pool::Postgres(pool) => {
@@ -1098,7 +1138,7 @@ impl LeaseTable {
                     name,
                     opts.wait,
                     counters,
-                    || self.try_postgres(pool, name, opts, &holder, queue),
+                    || self.try_postgres(pool, name, opts, &holder, queue, &state),
                     || async {
                         let filter = self.fair.then(|| holder.clone());
                         let registration = self.shared.listen.register(pool, name, filter).await;
@@ -1109,12 +1149,11 @@ impl LeaseTable {
             }
             #[cfg(feature = "lease-mysql")]
             Pool::MySql(pool) => {
-                let renewed = Mutex::new(None);
                 wait_for_grant(
                     name,
                     opts.wait,
                     counters,
-                    || self.try_mysql(pool, name, opts, &holder, queue, &renewed),
+                    || self.try_mysql(pool, name, opts, &holder, queue, &state),
                     || async {
                         BellWaiter {
                             table: self.clone(),
@@ -1133,6 +1172,15 @@ impl LeaseTable {
         }
         result
     }
+}
+
+/// What the tries of one acquire share.
+struct AcquireState {
+    /// No try sent yet: the next one takes the uncontended path.
+    first: AtomicBool,
+    /// MariaDB: when this waiter's place was last taken or renewed.
+    #[cfg_attr(not(feature = "lease-mysql"), allow(dead_code))]
+    renewed: Mutex<Option<Instant>>,
 }
 
 /// A fair waiter's place; dropped without being granted, it is given up in

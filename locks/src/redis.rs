@@ -178,9 +178,10 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// `KEYS[1]` lock, `KEYS[2]` fence, `KEYS[3]` queue, `KEYS[4]` deadlines;
 /// `ARGV[1]` owner, `ARGV[2]` TTL in ms, `ARGV[3]` waiter id, `ARGV[4]` how
 /// long the waiter's place lasts in ms (0: do not queue, a try-lock). The
-/// fair grant: re-entry by the owner first (no queueing), then drop the
-/// waiters whose place lapsed (server clock), then grant only if the lock is
-/// free and the caller is the first waiter (or nobody waits). Refused: the
+/// fair grant: re-entry by the owner first (no queueing); a free lock with no
+/// queue is granted at once (the uncontended path: one `EXISTS` more than the
+/// non-fair grant); else drop the waiters whose place lapsed (server clock),
+/// then grant only if the lock is free and the caller is the first waiter. Refused: the
 /// caller takes (or renews) its place at the tail, and the answer is
 /// `{0, ms}`: the holder's `PTTL`, or, when the lock is free but another
 /// waiter is first, how long that waiter's place still lasts.
@@ -192,6 +193,13 @@ if owner ~= false and owner == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end
   return {1, redis.call('HGET', KEYS[1], 'token')}
+end
+if owner == false and redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('INCR', KEYS[2])
+  local token = redis.call('GET', KEYS[2])
+  redis.call('HSET', KEYS[1], 'token', token, 'owner', ARGV[1], 'count', 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, token}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -265,6 +273,10 @@ if redis.call('HINCRBY', KEYS[1], 'count', -1) > 0 then
   return 2
 end
 redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('PUBLISH', ARGV[3], '*')
+  return 1
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
