@@ -295,16 +295,17 @@ pub struct Statements {
     /// MySQL/MariaDB: give the bell back (bind: name), when a release found
     /// the row no longer ours.
     pub mysql_unring: String,
-    /// MySQL/MariaDB waiter: wait for the bell. Binds: name (the bell), the
-    /// longest wait in seconds, lock-delay in µs, waiter id, name (the row).
-    /// Answers the holder's `token`, whether the bell was free when asked
-    /// (`bell_free`), and whether it was got (`rang`, released at once).
+    /// MySQL/MariaDB waiter: wait for the bell. Binds: lock-delay in µs,
+    /// waiter id, the longest wait in seconds, lock-delay in µs, name (the
+    /// bell), name (the row). Answers, read before it blocks, the holder's
+    /// `token`, whether the lease is `held`, whether it will be the waiter's
+    /// turn (`my_turn`: it is the first live waiter, or nobody queues), and
+    /// whether the bell was free; then whether the bell was got (`rang`;
+    /// released at once). It blocks at most until the lease's `expires_at`.
     pub mysql_wait: String,
     /// MySQL/MariaDB: take or renew a place in the queue. Binds: name, waiter
     /// id, how long the place lasts in µs.
     pub mysql_queue: String,
-    /// MySQL/MariaDB: delete the lapsed places of a name (bind: name).
-    pub mysql_purge: String,
     /// MySQL/MariaDB: delete a waiter's place (binds: name, waiter id), when
     /// it was granted or gave up, and the lapsed places of the name.
     pub mysql_leave: String,
@@ -488,15 +489,13 @@ values (?, ?, ?, 1, now(6) + interval ? microsecond, false, now(6))"
             mysql_wait: format!(
                 "
 select l.token,
+       not l.released and l.expires_at + interval ? microsecond > now(6) as held,
+       coalesce((select w.waiter = ? from {t}_waiters w
+                  where w.name = l.name and w.expires_at > now(6)
+                  order by w.ticket limit 1), true) as my_turn,
        is_free_lock(b.bell) as bell_free,
        get_lock(b.bell, least(?, greatest(0, timestampdiff(microsecond, now(6),
-         case when not l.released and l.expires_at + interval ? microsecond > now(6)
-              then l.expires_at + interval ? microsecond
-              else coalesce((select if(w.waiter = ?, now(6), w.expires_at)
-                               from {t}_waiters w
-                              where w.name = l.name and w.expires_at > now(6)
-                              order by w.ticket limit 1), now(6))
-         end) / 1000000))) as rang,
+         l.expires_at + interval ? microsecond) / 1000000))) as rang,
        release_lock(b.bell) as let_go
   from {t} l, (select {} as bell) b
  where l.name = ?",
@@ -508,7 +507,6 @@ insert into {t}_waiters (name, waiter, expires_at)
 values (?, ?, now(6) + interval ? microsecond)
 on duplicate key update expires_at = values(expires_at)"
             ),
-            mysql_purge: format!("delete from {t}_waiters where name = ? and expires_at <= now(6)"),
             mysql_leave: format!(
                 "delete from {t}_waiters where name = ? and (waiter = ? or expires_at <= now(6))"
             ),
@@ -1049,11 +1047,6 @@ impl LeaseTable {
                 .is_none_or(|at| at.elapsed() >= self.poll_fallback);
             if due {
                 with_reconnect(|| async {
-                    sqlx::query(&self.sql.mysql_purge)
-                        .bind(name)
-                        .execute(pool)
-                        .await
-                        .map_err(|e| self.err(e))?;
                     sqlx::query(&self.sql.mysql_queue)
                         .bind(name)
                         .bind(holder)
@@ -1351,42 +1344,74 @@ impl Waiter for BellWaiter {
 
     fn arm(&mut self) {}
 
+    /// Block on the bell until a release rings it for us. The statement
+    /// reads, before it blocks, whether the lease is held and whether it will
+    /// be our turn when it is released (we are the first live waiter, or
+    /// nobody queues); a ring that is another waiter's turn is let pass, and
+    /// we block again once that waiter holds the bell.
     async fn wait(&mut self, bound: Duration) -> Result<bool, LockError> {
         let t = &self.table;
-        let row: Option<(u64, Option<i64>, Option<i64>)> = with_reconnect(|| async {
-            sqlx::query_as::<_, (u64, Option<i64>, Option<i64>, Option<i64>)>(&t.sql.mysql_wait)
-                .bind(bound.as_secs_f64())
-                .bind(micros(t.lock_delay))
-                .bind(micros(t.lock_delay))
-                .bind(&*self.waiter)
-                .bind(&self.name)
-                .bind(&self.name)
-                .fetch_optional(&self.pool)
-                .await
-                .map(|r| r.map(|(token, free, rang, _)| (token, free, rang)))
-                .map_err(|e| t.err(e))
-        })
-        .await?;
-        let Some((token, bell_free, rang)) = row else {
-            // No row yet: the lock was never granted; try again.
-            return Ok(false);
-        };
-        let token = token.min(i64::MAX as u64) as i64;
-        match (bell_free, rang) {
-            // The bell was held and came to us: a release rang it.
-            (Some(0), Some(1)) => Ok(true),
-            // Nobody held the bell. Once: the lock may just have changed
-            // hands, try again at once. Twice for the same holder: it has no
-            // bell, poll until its lease ends.
-            (Some(1), _) => {
-                if self.free_bell_seen == Some(token) {
-                    tokio::time::sleep(BELL_LESS_POLL.min(bound)).await;
-                }
-                self.free_bell_seen = Some(token);
-                Ok(false)
+        let deadline = Instant::now() + bound;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
             }
-            // Timed out (the bound), or the wait was interrupted.
-            _ => Ok(false),
+            type Row = (
+                u64,
+                Option<i64>,
+                Option<i64>,
+                Option<i64>,
+                Option<i64>,
+                Option<i64>,
+            );
+            let row: Option<Row> = with_reconnect(|| async {
+                sqlx::query_as::<_, Row>(&t.sql.mysql_wait)
+                    .bind(micros(t.lock_delay))
+                    .bind(&*self.waiter)
+                    .bind(left.as_secs_f64())
+                    .bind(micros(t.lock_delay))
+                    .bind(&self.name)
+                    .bind(&self.name)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(|e| t.err(e))
+            })
+            .await?;
+            // No row yet: the lock was never granted; try again.
+            let Some((token, held, my_turn, bell_free, rang, _)) = row else {
+                return Ok(false);
+            };
+            let token = token.min(i64::MAX as u64) as i64;
+            let my_turn = !t.fair || my_turn != Some(0);
+            match (bell_free, rang) {
+                // The bell was held and came to us: a release rang it.
+                (Some(0), Some(1)) if my_turn => return Ok(true),
+                // Rung, but the first waiter's turn: block again (it takes
+                // the bell with its grant), or poll until it has.
+                (Some(0), Some(1)) => continue,
+                // Nobody held the bell.
+                (Some(1), _) => {
+                    if held != Some(1) {
+                        if my_turn {
+                            return Ok(false); // free: try at once
+                        }
+                        // Free, but the first waiter's turn: let it take the lock.
+                        tokio::time::sleep(BELL_LESS_POLL.min(left)).await;
+                        continue;
+                    }
+                    // Held, and nobody rings. Once: the holder may be taking
+                    // the bell right now; ask again. Twice for the same
+                    // holder: it has no bell, poll until its lease ends.
+                    if self.free_bell_seen == Some(token) {
+                        tokio::time::sleep(BELL_LESS_POLL.min(left)).await;
+                        return Ok(false);
+                    }
+                    self.free_bell_seen = Some(token);
+                }
+                // Timed out (the bound), or the wait was interrupted.
+                _ => return Ok(false),
+            }
         }
     }
 }

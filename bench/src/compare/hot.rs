@@ -49,6 +49,9 @@ pub struct Hot {
     pub extra_round_trips: Option<f64>,
     /// Edits refused by the fence or the issuer check (should be none).
     pub rejected: u64,
+    /// Edits that failed transiently (a 503: the gateway could not ask the
+    /// issuer in time) and were given up; not counted as acknowledged.
+    pub failed: u64,
 }
 
 impl Hot {
@@ -95,6 +98,7 @@ pub fn medians(runs: &[Hot]) -> Option<Hot> {
         handover_p99: med_d(|h| h.handover_p99),
         extra_round_trips: (!extra.is_empty()).then(|| median(&extra)),
         rejected: runs.iter().map(|h| h.rejected).sum(),
+        failed: runs.iter().map(|h| h.failed).sum(),
     })
 }
 
@@ -115,6 +119,7 @@ struct WorkerRun {
     edits: Vec<Edit>,
     acknowledged: u64,
     rejected: u64,
+    failed: u64,
 }
 
 /// Measure one variant: one worker alone on page `<page>-1`, then three
@@ -197,6 +202,7 @@ pub async fn measure(
             handover_p99: quantile(&handovers, 0.99),
             extra_round_trips,
             rejected: alone.0.iter().chain(&together.0).map(|w| w.rejected).sum(),
+            failed: alone.0.iter().chain(&together.0).map(|w| w.failed).sum(),
         })
     }
     .await;
@@ -239,6 +245,7 @@ async fn edits(
         edits: vec![],
         acknowledged: 0,
         rejected: 0,
+        failed: 0,
     };
     while Instant::now() < until {
         let lease = locks
@@ -268,6 +275,7 @@ async fn edits(
         match outcome {
             Ok(_) => run.acknowledged += 1,
             Err(e) if e.is_fence_rejection() => run.rejected += 1,
+            Err(e) if e.is_transient() => run.failed += 1,
             Err(e) => return Err(anyhow::anyhow!("worker {worker}: {e}")),
         }
         run.edits.push(Edit {

@@ -281,6 +281,7 @@ fn hot_table(report: &Report, out: &mut String) {
         w = super::hot::WORKERS
     );
     let _ = writeln!(out, "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|");
+    let mut failures = vec![];
     for b in &report.backends {
         let Some(hot) = &b.hot else { continue };
         for (variant, cell) in [("fair", &hot.fair), ("non-fair", &hot.non_fair)] {
@@ -307,6 +308,15 @@ fn hot_table(report: &Report, out: &mut String) {
                             .unwrap_or_else(|| "not counted".into()),
                         if h.meets_targets() { "met" } else { "NOT met" },
                     );
+                    if h.rejected + h.failed > 0 {
+                        failures.push(format!(
+                            "{} ({variant}): {} edit(s) refused by the fence or the issuer \
+                             check, {} failed transiently (503), over all repeats",
+                            row_label(b),
+                            h.rejected,
+                            h.failed
+                        ));
+                    }
                 }
                 (HotCell::NotMeasured(why), None) => {
                     let mark = notes.mark(why);
@@ -321,6 +331,9 @@ fn hot_table(report: &Report, out: &mut String) {
         }
     }
     notes.render(out);
+    for f in failures {
+        let _ = writeln!(out, "\n- {f}");
+    }
 }
 
 fn speed_table(report: &Report, out: &mut String) {
