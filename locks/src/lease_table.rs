@@ -295,13 +295,14 @@ pub struct Statements {
     /// MySQL/MariaDB: give the bell back (bind: name), when a release found
     /// the row no longer ours.
     pub mysql_unring: String,
-    /// MySQL/MariaDB waiter: wait for the bell. Binds: lock-delay in µs,
-    /// waiter id, the longest wait in seconds, lock-delay in µs, name (the
-    /// bell), name (the row). Answers, read before it blocks, the holder's
-    /// `token`, whether the lease is `held`, whether it will be the waiter's
-    /// turn (`my_turn`: it is the first live waiter, or nobody queues), and
-    /// whether the bell was free; then whether the bell was got (`rang`;
-    /// released at once). It blocks at most until the lease's `expires_at`.
+    /// MySQL/MariaDB waiter: wait for the bell. Binds: lock-delay in µs, the
+    /// longest wait in seconds, lock-delay in µs, waiter id, name (the bell),
+    /// name (the row). Answers, read before it blocks, the holder's `token`,
+    /// whether the lease is `held` and whether the bell was free; then
+    /// whether the bell was got (`rang`; released at once); then, after the
+    /// wait, whether it is the waiter's turn (`my_turn`: it is the first live
+    /// waiter, or nobody queues). It blocks at most until the lease's
+    /// `expires_at`. (MariaDB evaluates a select list left to right.)
     pub mysql_wait: String,
     /// MySQL/MariaDB: take or renew a place in the queue. Binds: name, waiter
     /// id, how long the place lasts in µs.
@@ -490,13 +491,14 @@ values (?, ?, ?, 1, now(6) + interval ? microsecond, false, now(6))"
                 "
 select l.token,
        not l.released and l.expires_at + interval ? microsecond > now(6) as held,
-       coalesce((select w.waiter = ? from {t}_waiters w
-                  where w.name = l.name and w.expires_at > now(6)
-                  order by w.ticket limit 1), true) as my_turn,
        is_free_lock(b.bell) as bell_free,
        get_lock(b.bell, least(?, greatest(0, timestampdiff(microsecond, now(6),
          l.expires_at + interval ? microsecond) / 1000000))) as rang,
-       release_lock(b.bell) as let_go
+       release_lock(b.bell) as let_go,
+       -- After the wait: the releaser deleted its place before it rang.
+       coalesce((select w.waiter = ? from {t}_waiters w
+                  where w.name = l.name and w.expires_at > now(6)
+                  order by w.ticket limit 1), true) as my_turn
   from {t} l, (select {} as bell) b
  where l.name = ?",
                 bell(t, "?")
@@ -1344,14 +1346,17 @@ impl Waiter for BellWaiter {
 
     fn arm(&mut self) {}
 
-    /// Block on the bell until a release rings it for us. The statement
-    /// reads, before it blocks, whether the lease is held and whether it will
-    /// be our turn when it is released (we are the first live waiter, or
-    /// nobody queues); a ring that is another waiter's turn is let pass, and
-    /// we block again once that waiter holds the bell.
+    /// Block on the bell until a release rings it for us. A ring that is
+    /// another waiter's turn (it is first in the queue, as read right after
+    /// the ring) is let pass, and we block again once that waiter holds the
+    /// bell.
     async fn wait(&mut self, bound: Duration) -> Result<bool, LockError> {
         let t = &self.table;
         let deadline = Instant::now() + bound;
+        // While it is another waiter's turn and that waiter has not taken the
+        // lock (and its bell) yet: look again soon, then less and less often
+        // (a first waiter that died keeps its turn until its place lapses).
+        let mut turn_poll = Duration::from_micros(500);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -1368,9 +1373,9 @@ impl Waiter for BellWaiter {
             let row: Option<Row> = with_reconnect(|| async {
                 sqlx::query_as::<_, Row>(&t.sql.mysql_wait)
                     .bind(micros(t.lock_delay))
-                    .bind(&*self.waiter)
                     .bind(left.as_secs_f64())
                     .bind(micros(t.lock_delay))
+                    .bind(&*self.waiter)
                     .bind(&self.name)
                     .bind(&self.name)
                     .fetch_optional(&self.pool)
@@ -1379,7 +1384,7 @@ impl Waiter for BellWaiter {
             })
             .await?;
             // No row yet: the lock was never granted; try again.
-            let Some((token, held, my_turn, bell_free, rang, _)) = row else {
+            let Some((token, held, bell_free, rang, _, my_turn)) = row else {
                 return Ok(false);
             };
             let token = token.min(i64::MAX as u64) as i64;
@@ -1397,7 +1402,8 @@ impl Waiter for BellWaiter {
                             return Ok(false); // free: try at once
                         }
                         // Free, but the first waiter's turn: let it take the lock.
-                        tokio::time::sleep(BELL_LESS_POLL.min(left)).await;
+                        tokio::time::sleep(turn_poll.min(left)).await;
+                        turn_poll = (turn_poll * 2).min(BELL_LESS_POLL);
                         continue;
                     }
                     // Held, and nobody rings. Once: the holder may be taking
