@@ -1164,6 +1164,11 @@ impl LeaseTable {
         };
         if result.is_ok() {
             place.table = None;
+        } else if let Some(table) = place.table.take() {
+            // Gave up (or failed): leave the queue now, not in the background,
+            // so that a process that exits right after still leaves no place
+            // for others to wait behind.
+            table.leave(name, &holder).await;
         }
         result
     }

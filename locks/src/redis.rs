@@ -667,6 +667,11 @@ impl RedisLock {
         .await;
         if result.is_ok() {
             place.lock = None;
+        } else {
+            // Gave up (or failed): leave the queue now, not in the background,
+            // so that a process that exits right after still leaves no place
+            // for others to wait behind.
+            place.leave_now().await;
         }
         result
     }
@@ -680,6 +685,32 @@ struct QueuePlace {
     waiter: Arc<str>,
 }
 
+impl QueuePlace {
+    /// Give the place up now.
+    async fn leave_now(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            leave(lock, &self.name, &self.waiter).await;
+        }
+    }
+}
+
+async fn leave(lock: RedisLock, name: &str, waiter: &str) {
+    let left: Result<i64, LockError> = lock
+        .inner
+        .run(RESPONSE_TIMEOUT, |scripts| {
+            let mut inv = scripts.leave.key(lock_key(name));
+            inv.key(queue_key(name))
+                .key(deadlines_key(name))
+                .arg(waiter)
+                .arg(channel(name));
+            inv
+        })
+        .await;
+    if let Err(e) = left {
+        tracing::debug!(lock = %name, "leaving the queue failed (the place lapses): {e}");
+    }
+}
+
 impl Drop for QueuePlace {
     fn drop(&mut self) {
         let Some(lock) = self.lock.take() else {
@@ -689,22 +720,7 @@ impl Drop for QueuePlace {
             return;
         };
         let (name, waiter) = (std::mem::take(&mut self.name), self.waiter.clone());
-        rt.spawn(async move {
-            let left: Result<i64, LockError> = lock
-                .inner
-                .run(RESPONSE_TIMEOUT, |scripts| {
-                    let mut inv = scripts.leave.key(lock_key(&name));
-                    inv.key(queue_key(&name))
-                        .key(deadlines_key(&name))
-                        .arg(&*waiter)
-                        .arg(channel(&name));
-                    inv
-                })
-                .await;
-            if let Err(e) = left {
-                tracing::debug!(lock = %name, "leaving the queue failed (the place lapses): {e}");
-            }
-        });
+        rt.spawn(async move { leave(lock, &name, &waiter).await });
     }
 }
 
