@@ -391,8 +391,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .filter(|b| args.backend.contains(b))
             .collect()
     };
-    let skip =
-        |p: Part| args.skip.contains(&p) || (!args.only.is_empty() && !args.only.contains(&p));
+    let skipped = |p: Part| -> Option<String> {
+        let name = clap::ValueEnum::to_possible_value(&p)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        if args.skip.contains(&p) {
+            Some(format!("skipped with --skip {name}"))
+        } else if !args.only.is_empty() && !args.only.contains(&p) {
+            Some("skipped: not among --only".to_string())
+        } else {
+            None
+        }
+    };
+    let skip = |p: Part| skipped(p).is_some();
     let commands = Commands::default();
 
     // Steps: per backend and repeat: uncontended (fair, non-fair),
@@ -417,7 +428,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     bar.enable_steady_tick(Duration::from_millis(500));
 
     let python = if skip(Part::Peers) {
-        Err(anyhow::anyhow!("skipped with --skip peers"))
+        Err(anyhow::anyhow!(skipped(Part::Peers).unwrap_or_default()))
     } else {
         bar.set_message("python venv for the peers (redis, kazoo) ...");
         measure::python_venv(&commands).await
@@ -459,7 +470,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     python: python.as_ref().ok().cloned(),
                     python_error: python.as_ref().err().map(|e| one_line(&format!("{e:#}"))),
                 };
-                measure_backend(&ctx, &services, &mut report, &bar, &skip).await;
+                measure_backend(&ctx, &services, &mut report, &bar, &skipped).await;
             }
         }
         bar.inc(1);
@@ -473,7 +484,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let chaos = if skip(Part::Chaos) {
-        ChaosResult::NotMeasured("skipped with --skip chaos".into())
+        ChaosResult::NotMeasured(skipped(Part::Chaos).unwrap_or_default())
     } else if let Some(path) = &args.chaos_json {
         read_chaos_json(path)
     } else {
@@ -514,8 +525,9 @@ async fn measure_backend(
     services: &measure::Services,
     report: &mut BackendReport,
     bar: &ProgressBar,
-    skip: &dyn Fn(Part) -> bool,
+    skipped: &dyn Fn(Part) -> Option<String>,
 ) {
+    let skip = |p: Part| skipped(p).is_some();
     let b = report.backend;
     let s = ctx.settings;
     // One lock service per contender (each its own connection or session, as
@@ -551,11 +563,11 @@ async fn measure_backend(
     for r in 0..s.repeat {
         let of = format!("{b} {}/{}", r + 1, s.repeat);
         if skip(Part::Speed) {
-            let reason = "skipped (--skip speed or --only)";
-            report.uncontended = Cell::NotMeasured(reason.into());
-            report.contended = Cell::NotMeasured(reason.into());
+            let reason = skipped(Part::Speed).unwrap_or_default();
+            report.uncontended = Cell::NotMeasured(reason.clone());
+            report.contended = Cell::NotMeasured(reason.clone());
             if let Some(c) = &mut report.uncontended_non_fair {
-                *c = Cell::NotMeasured(reason.into());
+                *c = Cell::NotMeasured(reason);
             }
             bar.inc(3);
         } else {
@@ -580,9 +592,9 @@ async fn measure_backend(
 
         if let Some(hot) = &mut report.hot {
             if skip(Part::HotPage) {
-                let reason = "skipped (--skip hot-page or --only)";
-                hot.fair = HotCell::NotMeasured(reason.into());
-                hot.non_fair = HotCell::NotMeasured(reason.into());
+                let reason = skipped(Part::HotPage).unwrap_or_default();
+                hot.fair = HotCell::NotMeasured(reason.clone());
+                hot.non_fair = HotCell::NotMeasured(reason);
             } else {
                 for (fair, cell) in [(true, &mut hot.fair), (false, &mut hot.non_fair)] {
                     let variant = if fair { "fair" } else { "non-fair" };
@@ -599,7 +611,7 @@ async fn measure_backend(
 
         bar.set_message(format!("{of}: {} workers through the gateway", s.workers));
         if skip(Part::E2e) {
-            report.e2e = Cell::NotMeasured("skipped (--skip e2e or --only)".into());
+            report.e2e = Cell::NotMeasured(skipped(Part::E2e).unwrap_or_default());
         } else {
             let result = measure::e2e(services, &format!("cmp-e2e-{r}"), s).await;
             if let Ok((_, note)) = &result {
@@ -615,7 +627,7 @@ async fn measure_backend(
 
         bar.set_message(format!("{of}: limit: {}", report.limit.0));
         if skip(Part::Limits) {
-            report.limit.1 = Cell::NotMeasured("skipped (--skip limits or --only)".into());
+            report.limit.1 = Cell::NotMeasured(skipped(Part::Limits).unwrap_or_default());
         } else {
             report.limit.1.push(measure::limit(ctx, services, r).await);
         }
@@ -623,7 +635,7 @@ async fn measure_backend(
 
         if let Some((name, cell)) = &mut report.peer {
             if skip(Part::Peers) {
-                *cell = Cell::NotMeasured("skipped (--skip peers or --only)".into());
+                *cell = Cell::NotMeasured(skipped(Part::Peers).unwrap_or_default());
             } else {
                 bar.set_message(format!("{of}: peer: {name}"));
                 cell.push(measure::peer(ctx, services, r).await);
