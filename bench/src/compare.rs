@@ -16,8 +16,11 @@
 //! - this file: the command line, the plan, the run.
 //! - `compare/measure.rs`: one function per figure (our locks, the gateway
 //!   workload, the external limits and the peers).
+//! - `compare/hot.rs`: the hot page (issue 13): one page, one worker alone
+//!   and three together, fair and non-fair locks.
 //! - `compare/render.rs`: the tables, `COMPARISON.md` and the SVG chart.
 
+mod hot;
 mod measure;
 mod render;
 
@@ -51,6 +54,10 @@ pub struct Args {
     /// Parts not to measure (repeatable); they are shown as not measured.
     #[arg(long, value_enum)]
     skip: Vec<Part>,
+    /// Only these parts (repeatable; default: all), e.g. `--only hot-page`;
+    /// the others are shown as not measured.
+    #[arg(long, value_enum)]
+    only: Vec<Part>,
     /// Take the chaos results from this JSON (written by
     /// `cargo run -p chaos -- --json FILE`) instead of running the scenarios.
     #[arg(long)]
@@ -60,6 +67,10 @@ pub struct Args {
 /// Parts of the comparison that can be skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
+    /// Uncontended (fair and non-fair) and contended acquire+release.
+    Speed,
+    /// One page, one worker alone and three together, fair and non-fair.
+    HotPage,
     /// The 3-worker fenced edits through the gateway.
     E2e,
     /// redis-benchmark, pgbench, mariadb-slap, raw ZooKeeper and Redis ops.
@@ -81,6 +92,8 @@ pub struct Settings {
     pub e2e_secs: Duration,
     pub contenders: usize,
     pub workers: usize,
+    /// Seconds per hot-page run (one alone, then three together).
+    pub hot_secs: Duration,
 }
 
 /// One repeat's figure: a rate and, where the tool reports them, latencies.
@@ -160,11 +173,55 @@ impl Cell {
     }
 }
 
+/// A hot-page figure over the repeats, or why there is none.
+#[derive(Debug, Clone)]
+pub enum HotCell {
+    Measured(Vec<hot::Hot>),
+    NotMeasured(String),
+}
+
+impl HotCell {
+    fn push(&mut self, result: anyhow::Result<hot::Hot>) {
+        match (&mut *self, result) {
+            (HotCell::Measured(v), Ok(h)) => v.push(h),
+            (HotCell::Measured(v), Err(e)) => {
+                let reason = if v.is_empty() {
+                    format!("{e:#}")
+                } else {
+                    format!("repeat {} failed: {e:#}", v.len() + 1)
+                };
+                *self = HotCell::NotMeasured(one_line(&reason));
+            }
+            (HotCell::NotMeasured(_), _) => {}
+        }
+    }
+
+    /// The medians over the repeats, when measured.
+    pub fn medians(&self) -> Option<hot::Hot> {
+        match self {
+            HotCell::Measured(v) => hot::medians(v),
+            HotCell::NotMeasured(_) => None,
+        }
+    }
+}
+
+/// The hot page of one backend: the fair variant, then the non-fair one.
+#[derive(Debug, Clone)]
+pub struct HotReport {
+    pub fair: HotCell,
+    pub non_fair: HotCell,
+}
+
 /// Everything measured for one backend.
 #[derive(Debug, Clone)]
 pub struct BackendReport {
     pub backend: Backend,
+    /// The default variant: fair, for the locks that have both.
     pub uncontended: Cell,
+    /// The non-fair variant, beside it (`None`: Redlock has only one).
+    pub uncontended_non_fair: Option<Cell>,
+    /// The hot page (`None`: not a row the hot page is measured on).
+    pub hot: Option<HotReport>,
     pub contended: Cell,
     pub e2e: Cell,
     /// What the limit is (e.g. "redis-benchmark EVALSHA grant+release") and its figure.
@@ -181,6 +238,8 @@ impl BackendReport {
         BackendReport {
             backend,
             uncontended: Cell::empty(),
+            uncontended_non_fair: (backend != Backend::Redlock).then(Cell::empty),
+            hot: None,
             contended: Cell::empty(),
             e2e: Cell::empty(),
             limit: (measure::limit_name(backend).to_string(), Cell::empty()),
@@ -197,6 +256,13 @@ impl BackendReport {
                 *cell = Cell::NotMeasured(reason.to_string());
             }
         }
+        if let Some(hot) = &mut self.hot {
+            for cell in [&mut hot.fair, &mut hot.non_fair] {
+                if matches!(cell, HotCell::Measured(v) if v.is_empty()) {
+                    *cell = HotCell::NotMeasured(reason.to_string());
+                }
+            }
+        }
     }
 
     fn cells_mut(&mut self) -> Vec<&mut Cell> {
@@ -206,10 +272,23 @@ impl BackendReport {
             &mut self.e2e,
             &mut self.limit.1,
         ];
+        if let Some(c) = &mut self.uncontended_non_fair {
+            v.push(c);
+        }
         if let Some((_, c)) = &mut self.peer {
             v.push(c);
         }
         v
+    }
+
+    /// Whether the hot page is measured on this row: Redis, ZooKeeper on
+    /// the ensemble, the two lease tables.
+    fn has_hot_page(&self) -> bool {
+        match self.backend {
+            Backend::Redis | Backend::LeasePostgres | Backend::LeaseMysql => true,
+            Backend::Zookeeper => self.ensemble,
+            Backend::Redlock | Backend::RedisSentinel => false,
+        }
     }
 }
 
@@ -281,6 +360,9 @@ impl Commands {
     }
 }
 
+/// Progress steps per backend and repeat.
+const STEPS: u64 = 7;
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let settings = Settings {
@@ -290,6 +372,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         e2e_secs: Duration::from_secs(if args.quick { 2 } else { 5 }),
         contenders: 16,
         workers: 3,
+        hot_secs: Duration::from_secs(if args.quick { 1 } else { 8 }),
     };
     let out = match &args.out {
         Some(dir) => dir.clone(),
@@ -308,10 +391,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .filter(|b| args.backend.contains(b))
             .collect()
     };
-    let skip = |p: Part| args.skip.contains(&p);
+    let skipped = |p: Part| -> Option<String> {
+        let name = clap::ValueEnum::to_possible_value(&p)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        if args.skip.contains(&p) {
+            Some(format!("skipped with --skip {name}"))
+        } else if !args.only.is_empty() && !args.only.contains(&p) {
+            Some("skipped: not among --only".to_string())
+        } else {
+            None
+        }
+    };
+    let skip = |p: Part| skipped(p).is_some();
     let commands = Commands::default();
 
-    // Steps: per backend and repeat: uncontended, contended, e2e, limit, peer; then chaos.
+    // Steps: per backend and repeat: uncontended (fair, non-fair),
+    // contended, e2e, hot page, limit, peer; then chaos.
     let chaos_steps = if skip(Part::Chaos) || args.chaos_json.is_some() {
         0
     } else {
@@ -322,7 +418,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     // ZooKeeper is measured twice: standalone, then on the 3-node ensemble.
     let rows = backends.len() as u64 + u64::from(backends.contains(&Backend::Zookeeper));
-    let total = rows * (1 + settings.repeat as u64 * 5) + chaos_steps;
+    let total = rows * (1 + settings.repeat as u64 * STEPS) + chaos_steps;
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -332,7 +428,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     bar.enable_steady_tick(Duration::from_millis(500));
 
     let python = if skip(Part::Peers) {
-        Err(anyhow::anyhow!("skipped with --skip peers"))
+        Err(anyhow::anyhow!(skipped(Part::Peers).unwrap_or_default()))
     } else {
         bar.set_message("python venv for the peers (redis, kazoo) ...");
         measure::python_venv(&commands).await
@@ -349,6 +445,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     for (backend, ensemble) in plan {
         let mut report = BackendReport::new(backend);
         report.ensemble = ensemble;
+        if report.has_hot_page() {
+            report.hot = Some(HotReport {
+                fair: HotCell::Measured(vec![]),
+                non_fair: HotCell::Measured(vec![]),
+            });
+        }
         bar.set_message(format!("{backend}: starting its services ..."));
         let started = if ensemble {
             measure::Services::start_zookeeper_ensemble().await
@@ -359,7 +461,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Err(e) => {
                 let reason = one_line(&format!("services did not start: {e:#}"));
                 report.fail_all(&reason);
-                bar.inc(settings.repeat as u64 * 5);
+                bar.inc(settings.repeat as u64 * STEPS);
             }
             Ok(services) => {
                 let ctx = measure::Ctx {
@@ -368,7 +470,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     python: python.as_ref().ok().cloned(),
                     python_error: python.as_ref().err().map(|e| one_line(&format!("{e:#}"))),
                 };
-                measure_backend(&ctx, &services, &mut report, &bar, &skip).await;
+                measure_backend(&ctx, &services, &mut report, &bar, &skipped).await;
             }
         }
         bar.inc(1);
@@ -382,7 +484,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let chaos = if skip(Part::Chaos) {
-        ChaosResult::NotMeasured("skipped with --skip chaos".into())
+        ChaosResult::NotMeasured(skipped(Part::Chaos).unwrap_or_default())
     } else if let Some(path) = &args.chaos_json {
         read_chaos_json(path)
     } else {
@@ -423,18 +525,20 @@ async fn measure_backend(
     services: &measure::Services,
     report: &mut BackendReport,
     bar: &ProgressBar,
-    skip: &dyn Fn(Part) -> bool,
+    skipped: &dyn Fn(Part) -> Option<String>,
 ) {
+    let skip = |p: Part| skipped(p).is_some();
     let b = report.backend;
     let s = ctx.settings;
     // One lock service per contender (each its own connection or session, as
     // separate processes would have), connected once and reused.
-    bar.set_message(format!("{b}: connecting {} clients ...", s.contenders));
-    let clients = match services.lock_clients(s.contenders).await {
+    let n = if skip(Part::Speed) { 1 } else { s.contenders };
+    bar.set_message(format!("{b}: connecting {n} clients ..."));
+    let clients = match services.lock_clients(n).await {
         Ok(c) => c,
         Err(e) => {
             report.fail_all(&one_line(&format!("lock service refused: {e:#}")));
-            bar.inc(s.repeat as u64 * 5);
+            bar.inc(s.repeat as u64 * STEPS);
             return;
         }
     };
@@ -443,23 +547,71 @@ async fn measure_backend(
             .notes
             .push(one_line(&format!("warm-up failed: {e:#}")));
     }
+    let non_fair = if services.has_variants() && !skip(Part::Speed) {
+        match services.lock_clients_variant(1, false).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                report.uncontended_non_fair = Some(Cell::NotMeasured(one_line(&format!(
+                    "lock service refused: {e:#}"
+                ))));
+                None
+            }
+        }
+    } else {
+        None
+    };
     for r in 0..s.repeat {
         let of = format!("{b} {}/{}", r + 1, s.repeat);
-        bar.set_message(format!("{of}: uncontended acquire+release"));
-        report
-            .uncontended
-            .push(measure::ours(&clients[..1], &format!("cmp-u{r}"), s.secs).await);
-        bar.inc(1);
+        if skip(Part::Speed) {
+            let reason = skipped(Part::Speed).unwrap_or_default();
+            report.uncontended = Cell::NotMeasured(reason.clone());
+            report.contended = Cell::NotMeasured(reason.clone());
+            if let Some(c) = &mut report.uncontended_non_fair {
+                *c = Cell::NotMeasured(reason);
+            }
+            bar.inc(3);
+        } else {
+            bar.set_message(format!("{of}: uncontended acquire+release"));
+            report
+                .uncontended
+                .push(measure::ours(&clients[..1], &format!("cmp-u{r}"), s.secs).await);
+            bar.inc(1);
 
-        bar.set_message(format!("{of}: {} contenders on one lock", s.contenders));
-        report
-            .contended
-            .push(measure::ours(&clients, &format!("cmp-c{r}"), s.secs).await);
+            if let (Some(clients), Some(cell)) = (&non_fair, &mut report.uncontended_non_fair) {
+                bar.set_message(format!("{of}: uncontended acquire+release, non-fair"));
+                cell.push(measure::ours(clients, &format!("cmp-un{r}"), s.secs).await);
+            }
+            bar.inc(1);
+
+            bar.set_message(format!("{of}: {} contenders on one lock", s.contenders));
+            report
+                .contended
+                .push(measure::ours(&clients, &format!("cmp-c{r}"), s.secs).await);
+            bar.inc(1);
+        }
+
+        if let Some(hot) = &mut report.hot {
+            if skip(Part::HotPage) {
+                let reason = skipped(Part::HotPage).unwrap_or_default();
+                hot.fair = HotCell::NotMeasured(reason.clone());
+                hot.non_fair = HotCell::NotMeasured(reason);
+            } else {
+                for (fair, cell) in [(true, &mut hot.fair), (false, &mut hot.non_fair)] {
+                    let variant = if fair { "fair" } else { "non-fair" };
+                    bar.set_message(format!(
+                        "{of}: hot page, {variant}: 1 worker, then {}",
+                        hot::WORKERS
+                    ));
+                    let page = format!("cmp-hot-{variant}-{r}");
+                    cell.push(hot::measure(services, &page, fair, s.hot_secs).await);
+                }
+            }
+        }
         bar.inc(1);
 
         bar.set_message(format!("{of}: {} workers through the gateway", s.workers));
         if skip(Part::E2e) {
-            report.e2e = Cell::NotMeasured("skipped with --skip e2e".into());
+            report.e2e = Cell::NotMeasured(skipped(Part::E2e).unwrap_or_default());
         } else {
             let result = measure::e2e(services, &format!("cmp-e2e-{r}"), s).await;
             if let Ok((_, note)) = &result {
@@ -475,15 +627,19 @@ async fn measure_backend(
 
         bar.set_message(format!("{of}: limit: {}", report.limit.0));
         if skip(Part::Limits) {
-            report.limit.1 = Cell::NotMeasured("skipped with --skip limits".into());
+            report.limit.1 = Cell::NotMeasured(skipped(Part::Limits).unwrap_or_default());
         } else {
             report.limit.1.push(measure::limit(ctx, services, r).await);
         }
         bar.inc(1);
 
         if let Some((name, cell)) = &mut report.peer {
-            bar.set_message(format!("{of}: peer: {name}"));
-            cell.push(measure::peer(ctx, services, r).await);
+            if skip(Part::Peers) {
+                *cell = Cell::NotMeasured(skipped(Part::Peers).unwrap_or_default());
+            } else {
+                bar.set_message(format!("{of}: peer: {name}"));
+                cell.push(measure::peer(ctx, services, r).await);
+            }
         }
         bar.inc(1);
     }
@@ -692,6 +848,7 @@ mod tests {
             e2e_secs: Duration::from_secs(1),
             contenders: 16,
             workers: 3,
+            hot_secs: Duration::from_secs(1),
         };
         let plans = chaos_plan(&s, &Backend::ALL);
         let rows: usize = plans.iter().map(|p| p.1).sum();

@@ -33,6 +33,33 @@ fn quick_compare_measures_redis_and_marks_skipped_parts_not_measured() {
             .unwrap_or_else(|_| panic!("{what} is not a number in {row}"));
         assert!(rate > 0.0, "{what} rate {rate} in {row}");
     }
+    // Issue 13: fair beside non-fair, and the hot page, both variants.
+    let fairness = md
+        .lines()
+        .find(|l| l.starts_with("| Redis | ") && l.ends_with("× |") && !l.contains("fair"))
+        .unwrap_or_else(|| panic!("no fair-beside-non-fair row in:\n{md}"));
+    let cells: Vec<&str> = fairness.split('|').map(str::trim).collect();
+    for i in [2, 4] {
+        let rate: f64 = cells[i]
+            .parse()
+            .unwrap_or_else(|_| panic!("cell {i} is not a number in {fairness}"));
+        assert!(rate > 0.0, "{fairness}");
+    }
+    for variant in ["fair", "non-fair"] {
+        let row = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| Redis | {variant} | ")))
+            .unwrap_or_else(|| panic!("no hot-page row for {variant} in:\n{md}"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // | Redis | variant | 1 worker | 3 workers | ratio | shares | smallest | p50 | p99 | extra | targets |
+        for i in [3, 4, 8] {
+            let v: f64 = cells[i]
+                .parse()
+                .unwrap_or_else(|_| panic!("cell {i} is not a number in {row}"));
+            assert!(v > 0.0, "{row}");
+        }
+        assert_eq!(cells[6].split(" / ").count(), 3, "three shares in {row}");
+    }
     assert!(
         md.contains("not measured: skipped with --skip limits"),
         "skipped limits must be shown as not measured:\n{md}"

@@ -179,6 +179,8 @@ fn sentinel_parts(url: &str) -> (Vec<String>, &str) {
 async fn connect(spec: &IssuerSpec) -> Result<Arc<dyn HolderLookup>, LockError> {
     Ok(match spec.backend {
         Backend::Redis => Arc::new(RedisLock::connect(&spec.url).await?),
+        // One lookup finds the holder of either variant (the fair queue's
+        // head, or the non-fair lock's fixed node): fencelock's lookup.
         Backend::ZooKeeper => {
             Arc::new(ZooKeeperLock::connect(zookeeper_hosts(&spec.url), ZOOKEEPER_SESSION).await?)
         }

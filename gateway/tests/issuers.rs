@@ -111,6 +111,50 @@ impl Issuer {
         }
     }
 
+    /// [`Issuer::locks`], fair (the default) or not, as the worker's `--fair`.
+    async fn locks_variant(&self, client: &str, fair: bool) -> Arc<dyn LockService> {
+        if fair {
+            return self.locks(client).await;
+        }
+        match self.backend {
+            Backend::Redis => Arc::new(
+                RedisLock::connect(&self.url)
+                    .await
+                    .unwrap()
+                    .with_client_id(client)
+                    .unwrap()
+                    .non_fair(),
+            ),
+            Backend::ZooKeeper => Arc::new(
+                ZooKeeperLock::connect(
+                    self.url.trim_start_matches("zookeeper://"),
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap()
+                .with_client_id(client)
+                .unwrap()
+                .non_fair(),
+            ),
+            Backend::LeasePostgres => Arc::new(
+                LeaseTable::postgres(&self.url)
+                    .await
+                    .unwrap()
+                    .with_client_id(client)
+                    .unwrap()
+                    .non_fair(),
+            ),
+            Backend::LeaseMysql => Arc::new(
+                LeaseTable::mysql(&self.url)
+                    .await
+                    .unwrap()
+                    .with_client_id(client)
+                    .unwrap()
+                    .non_fair(),
+            ),
+        }
+    }
+
     fn options(&self, fencing: FenceCheck) -> gateway::GatewayOptions {
         keyed(fencing)
             .issuer(self.name(), &self.url)
@@ -150,6 +194,46 @@ fn assert_not_current(reply: common::Reply, offered: u64, holder: Option<u64>) {
     let reply = reply.expect_error(409, "token_not_current");
     assert_eq!(reply.json["offered_token"], offered, "{}", reply.json);
     assert_eq!(reply.json["holder_token"], json!(holder), "{}", reply.json);
+}
+
+// ---- every lock variant the worker can run (issue 13) ----
+
+/// The worker holds the fair lock (its default) or the non-fair one
+/// (`--fair false`); Redis keeps either holder in one hash, the lease tables
+/// in one row, ZooKeeper in two different places. The issuer check names the
+/// holder of each: its write lands, and its token stops counting at release.
+#[tokio::test]
+async fn fair_and_non_fair_holders_of_every_issuer_write_and_their_tokens_end_at_release() {
+    for backend in [
+        Backend::Redis,
+        Backend::ZooKeeper,
+        Backend::LeasePostgres,
+        Backend::LeaseMysql,
+    ] {
+        let issuer = Issuer::start(backend).await;
+        let (_gw, api, _) = gateway_with(issuer.options(FenceCheck::Enforce)).await;
+        let alice = api.as_client("alice");
+        for (fair, status) in [(true, 201), (false, 200)] {
+            let lease = acquire(&issuer.locks_variant("alice", fair).await).await;
+            let t = lease.token().unwrap().get();
+            alice
+                .put(
+                    PAGE,
+                    &format!("{backend:?}, fair {fair}"),
+                    &headers(&fenced(&lease)),
+                )
+                .await
+                .expect(status);
+            lease.release().await.unwrap();
+            assert_not_current(
+                alice
+                    .put(PAGE, "late", &headers(&token_headers(issuer.name(), t)))
+                    .await,
+                t,
+                None,
+            );
+        }
+    }
 }
 
 // ---- the rejections, each with nothing written ----

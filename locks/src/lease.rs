@@ -601,3 +601,17 @@ where
         backoff = (backoff * 2).min(Duration::from_millis(200));
     }
 }
+
+/// How the waiters of a notified lock (Redis, the lease tables) waited, since
+/// the service was connected: counters shared by its clones. For tests and
+/// the benchmarks, which use them to show what woke a waiter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WaitStats {
+    /// Grant attempts sent to the service (every acquire sends at least one).
+    pub tries: u64,
+    /// Waits that a notification ended (a release woke the waiter).
+    pub notified: u64,
+    /// Waits that their bound ended with no notification: the holder's
+    /// lease was due to lapse, a notification was lost, or the fallback poll.
+    pub timed_out: u64,
+}

@@ -9,14 +9,21 @@
 //!
 //! Each backend is a cargo feature and pulls only its own client:
 //!
-//! | feature | type | lock service | token |
-//! |---|---|---|---|
-//! | `redis` | [`redis::RedisLock`] | one Redis server | `INCR` of a counter beside the lock, in the grant's Lua script |
-//! | `redis-sentinel` | [`redis_sentinel::RedisSentinelLock`] | a Redis master with replicas, found through Sentinel | the same `INCR`, on whichever server is master (a failover can re-mint tokens: see the module) |
-//! | `redlock` | [`redlock::Redlock`] | N independent Redis masters | none: [`Fencing::Unfenced`] |
-//! | `zookeeper` | [`zookeeper::ZooKeeperLock`], [`zookeeper::ZooKeeperReadWriteLock`] | a ZooKeeper ensemble | the lock node's creation zxid |
-//! | `lease-postgres` | [`lease_table::LeaseTable::postgres`] | a table in PostgreSQL | a column incremented by the grant's `update` |
-//! | `lease-mysql` | [`lease_table::LeaseTable::mysql`] | a table in MySQL/MariaDB | the same, through `last_insert_id` |
+//! | feature | type | lock service | token | fair (default) / non-fair | what wakes a waiter |
+//! |---|---|---|---|---|---|
+//! | `redis` | [`redis::RedisLock`] | one Redis server | `INCR` of a counter beside the lock, in the grant's Lua script | FIFO queue in Lua (as Redisson's `RFairLock`) / `.non_fair()`; also `.reentrant()` | a message the release publishes; bounded by the holder's `PTTL` |
+//! | `redis-sentinel` | [`redis_sentinel::RedisSentinelLock`] | a Redis master with replicas, found through Sentinel | the same `INCR`, on whichever server is master (a failover can re-mint tokens: see the module) | the same | the same |
+//! | `redlock` | [`redlock::Redlock`] | N independent Redis masters | none: [`Fencing::Unfenced`] | no fair variant | nothing: it polls ([`poll_until_granted`]) |
+//! | `zookeeper` | [`zookeeper::ZooKeeperLock`], [`zookeeper::ZooKeeperReadWriteLock`] | a ZooKeeper ensemble | the lock node's creation zxid | queue of sequential nodes / `.non_fair()` | a watch on the node before it (fair), on the lock node (non-fair) |
+//! | `lease-postgres` | [`lease_table::LeaseTable::postgres`] | a table in PostgreSQL | a column incremented by the grant's `update` | a queue table judged by `now()` / `.non_fair()` | `pg_notify` in the release statement; bounded by the lease's `expires_at` |
+//! | `lease-mysql` | [`lease_table::LeaseTable::mysql`] | a table in MySQL/MariaDB | the same, through `last_insert_id` | the same | the holder's `GET_LOCK` bell, rung at release (no `LISTEN` there); bounded the same way |
+//!
+//! Fair means first come, first served among the waiters: a holder that
+//! releases and asks again at once queues behind them, so clients on one
+//! hot lock take turns. Non-fair means whoever asks first when the lock is
+//! free wins, usually the one that just released it. Either way the grant
+//! and the token are one atomic step, and a waiter that dies or freezes is
+//! skipped once its place in the queue lapses.
 //!
 //! # The safety model, in five paragraphs
 //!
@@ -153,9 +160,13 @@
 //!
 //! # Layout
 //! - `lease.rs`: [`LockService`], [`Lease`], [`LostSignal`], [`Fencing`],
-//!   [`AcquireOptions`], [`HolderLookup`], the watchdog, the one validity
-//!   formula ([`validity_for`]) and the polling loop ([`poll_until_granted`]);
-//!   [`Grant`] and [`NewLease`] are what a backend implements.
+//!   [`AcquireOptions`], [`HolderLookup`], [`WaitStats`], the watchdog, the
+//!   one validity formula ([`validity_for`]) and the polling loop
+//!   ([`poll_until_granted`]); [`Grant`] and [`NewLease`] are what a backend
+//!   implements.
+//! - `wake.rs`: the loop of a notified lock (try, subscribe, try, wait for a
+//!   notification or a bound) and the routing of notifications to this
+//!   process's waiters (Redis pub/sub, PostgreSQL `NOTIFY`).
 //! - `token.rs`: [`Token`]. `error.rs`: [`LockError`].
 //! - `redis.rs`, `redlock.rs`, `lease_table.rs`: one backend each;
 //!   `redis_sentinel.rs`: the Redis backend on the master Sentinel names.
@@ -168,6 +179,8 @@
 mod error;
 mod lease;
 mod token;
+#[cfg(any(feature = "redis", feature = "lease-postgres", feature = "lease-mysql"))]
+mod wake;
 
 #[cfg(any(feature = "lease-postgres", feature = "lease-mysql"))]
 #[cfg_attr(
@@ -192,6 +205,8 @@ pub use error::LockError;
 pub use lease::{
     default_client_id, drift_allowance, lost_channel, poll_until_granted, validate_client_id,
     validity_for, AcquireOptions, Fencing, Grant, Holder, HolderLookup, Lease, LockService,
-    LostSignal, LostTrigger, NewLease,
+    LostSignal, LostTrigger, NewLease, WaitStats,
 };
 pub use token::{Token, TokenError};
+#[cfg(any(feature = "redis", feature = "lease-postgres", feature = "lease-mysql"))]
+pub(crate) use wake::{wait_for_grant, Try, WaitCounters, Waiter};

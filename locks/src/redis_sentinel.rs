@@ -1,6 +1,10 @@
 //! The Redis lock on a master with replicas watched by Redis Sentinel: the
-//! same grant, renew and release scripts as [`crate::redis`], on whichever
-//! server the sentinels name as the master right now.
+//! same grant, renew and release scripts as [`crate::redis`] (fair by
+//! default, non-fair or reentrant on request, waiters woken by the release's
+//! message), on whichever server the sentinels name as the master right now.
+//! The waiters' pub/sub connection goes to the master the first answering
+//! sentinel names; after a failover it breaks, every waiter is woken and
+//! tries again, and the next waiter reconnects it.
 //!
 //! # Finding the master, following a failover
 //! On connect (and on every reconnect) the client asks the sentinels in the
@@ -21,7 +25,7 @@
 //! blocks it for good.
 //!
 //! # What a failover does to a lock (and to its tokens)
-//! Replication is asynchronous. A grant (`INCR fence:{N}`, `SET lock:{N}`) is
+//! Replication is asynchronous. A grant (`INCR fence:{N}`, `HSET lock:{N}`) is
 //! acknowledged by the master before any replica has it. If the master dies
 //! or is cut off before the grant reaches the replica, Sentinel promotes a
 //! replica that never saw it: the lock is free there, and its fence counter
@@ -44,7 +48,7 @@
 //!
 //! # Holder lookup
 //! [`HolderLookup`] asks the sentinels which server is the master **on every
-//! lookup**, then sends `ROLE` and `GET lock:{N}` to that server in one
+//! lookup**, then sends `ROLE` and `HMGET lock:{N} token owner` to that server in one
 //! pipeline, and answers only if it still says it is the master. So after a
 //! failover that loses a grant it answers for the new master, which is what a
 //! storage asking "who holds it now" should get. Asking the sentinels each
@@ -66,7 +70,7 @@ use redis::{AsyncConnectionConfig, Client};
 
 use std::sync::Arc;
 
-use crate::redis::{lock_key, parse_owner_value, RedisLock, Source};
+use crate::redis::{holder_command, holder_from_fields, HolderFields, RedisLock, Source};
 use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService};
 
 /// The issuer name sent with every token of this backend. Distinct from
@@ -133,6 +137,24 @@ impl Discovery {
         )
         .await?;
         addr.ok_or_else(|| format!("does not monitor a master named {:?}", self.master_name))
+    }
+
+    /// A client for the server the first answering sentinel names as the
+    /// master (for the pub/sub connection of waiters; a `PUBLISH` on the
+    /// master also reaches subscribers of its replicas, so a stale answer
+    /// costs nothing but a fallback poll).
+    pub(crate) async fn master_client(&self) -> Result<Client, LockError> {
+        let mut failures = vec![];
+        for sentinel in &self.sentinels {
+            match self.master_addr(sentinel).await {
+                Ok((host, port)) => {
+                    return Client::open(format!("redis://{host}:{port}/"))
+                        .map_err(|e| LockError::unavailable(ISSUER, e))
+                }
+                Err(e) => failures.push(format!("{sentinel}: {e}")),
+            }
+        }
+        Err(LockError::unavailable(ISSUER, failures.join("; ")))
     }
 
     async fn master_via(
@@ -255,6 +277,33 @@ impl RedisSentinelLock {
         Ok(self)
     }
 
+    /// The non-fair variant (see [`RedisLock::non_fair`]); fair by default.
+    pub fn non_fair(mut self) -> Self {
+        self.lock = self.lock.non_fair();
+        self
+    }
+
+    pub fn is_fair(&self) -> bool {
+        self.lock.is_fair()
+    }
+
+    /// A reentrant handle with a new owner id (see [`RedisLock::reentrant`]).
+    pub fn reentrant(mut self) -> Self {
+        self.lock = self.lock.reentrant();
+        self
+    }
+
+    /// See [`RedisLock::with_poll_fallback`].
+    pub fn with_poll_fallback(mut self, fallback: Duration) -> Self {
+        self.lock = self.lock.with_poll_fallback(fallback);
+        self
+    }
+
+    /// How this service's waiters waited so far.
+    pub fn wait_stats(&self) -> crate::WaitStats {
+        self.lock.wait_stats()
+    }
+
     /// `WAIT replicas timeout` after every grant; a grant acknowledged by
     /// fewer replicas is released and refused (`Unavailable`). See the module
     /// docs for what this does not fix.
@@ -286,10 +335,10 @@ impl RedisSentinelLock {
             }
         };
         let mut pipe = redis::pipe();
-        pipe.cmd("ROLE").cmd("GET").arg(lock_key(name));
-        let answer: Result<(Vec<redis::Value>, Option<String>), String> =
+        pipe.cmd("ROLE").add_command(holder_command(name));
+        let answer: Result<(Vec<redis::Value>, HolderFields), String> =
             step(pipe.query_async(&mut conn)).await;
-        let (role, value) = match answer {
+        let (role, fields) = match answer {
             Ok(a) => a,
             Err(e) => {
                 *self.lookup.lock().await = None;
@@ -313,12 +362,7 @@ impl RedisSentinelLock {
                 ),
             ));
         }
-        match value {
-            None => Ok(None),
-            Some(v) => parse_owner_value(&v).map(Some).ok_or_else(|| {
-                LockError::protocol(ISSUER, format!("lock value {v:?} names no holder"))
-            }),
-        }
+        holder_from_fields(ISSUER, fields)
     }
 
     /// The master's `host:port` as the first answering sentinel names it now.

@@ -99,10 +99,26 @@ pub const UNFENCED_REASON: &str = "Redlock has no single counter: N independent 
 /// How many times an extension is tried before giving up.
 pub const EXTEND_ATTEMPTS: u32 = 3;
 
-/// The compare-owner scripts are the single-instance backend's: per node,
-/// Redlock extends and releases exactly as one Redis lock does. Atomic
-/// because Redis runs a script without interleaving other commands.
-pub use crate::redis::{RELEASE_SCRIPT, RENEW_SCRIPT as EXTEND_SCRIPT};
+/// `KEYS[1]` the node's key, `ARGV[1]` owner, `ARGV[2]` TTL in ms: extend
+/// only while the key still holds our owner value (1), else touch nothing
+/// (0). Atomic because Redis runs a script without interleaving other
+/// commands. (The single-instance lock keeps a hash with a fair queue and a
+/// reentrancy count; Redlock's per-node key stays a plain string.)
+pub const EXTEND_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// `KEYS[1]` the node's key, `ARGV[1]` owner: delete only while the key
+/// still holds our owner value (1), else touch nothing (0).
+pub const RELEASE_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
 
 /// How long connecting to one node may take at [`Redlock::connect`].
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

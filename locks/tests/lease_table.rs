@@ -12,21 +12,95 @@ use support::contract;
 use tokio::time::Instant;
 
 async fn postgres() -> LeaseTable {
-    LeaseTable::postgres(&harness::fresh_database().await)
-        .await
-        .expect("lease-postgres")
+    postgres_at().await.0
 }
 
 async fn mysql() -> LeaseTable {
-    LeaseTable::mysql(&harness::fresh_mysql_database().await)
+    mysql_at().await.0
+}
+
+/// A service on a fresh PostgreSQL database, and a way to look at its tables.
+async fn postgres_at() -> (LeaseTable, Db) {
+    let url = harness::fresh_database().await;
+    let svc = LeaseTable::postgres(&url).await.expect("lease-postgres");
+    (
+        svc,
+        Db::Postgres(sqlx::PgPool::connect(&url).await.unwrap()),
+    )
+}
+
+async fn mysql_at() -> (LeaseTable, Db) {
+    let url = harness::fresh_mysql_database().await;
+    let svc = LeaseTable::mysql(&url).await.expect("lease-mysql");
+    (
+        svc,
+        Db::MySql(sqlx::MySqlPool::connect(&url).await.unwrap()),
+    )
+}
+
+/// Raw access to the database a service uses, to check what it wrote.
+enum Db {
+    Postgres(sqlx::PgPool),
+    MySql(sqlx::MySqlPool),
+}
+
+impl Db {
+    /// Rows in the queue of lock `name` (live or lapsed).
+    async fn queued(&self, name: &str) -> i64 {
+        let sql = "select count(*) from fencelock_leases_waiters where name = ";
+        match self {
+            Db::Postgres(p) => sqlx::query_scalar(&format!("{sql}$1"))
+                .bind(name)
+                .fetch_one(p)
+                .await
+                .unwrap(),
+            Db::MySql(p) => sqlx::query_scalar(&format!("{sql}?"))
+                .bind(name)
+                .fetch_one(p)
+                .await
+                .unwrap(),
+        }
+    }
+
+    /// Wait (bounded) until lock `name`'s queue holds `n` rows.
+    async fn wait_queued(&self, name: &str, n: i64) {
+        harness::wait_until(Duration::from_secs(10), || async {
+            match self.queued(name).await {
+                len if len == n => Ok(()),
+                len => Err(format!("{len} queued, waiting for {n}")),
+            }
+        })
         .await
-        .expect("lease-mysql")
+        .unwrap();
+    }
+
+    /// Wait (bounded) until `n` waiters block in the server: on MariaDB in
+    /// `GET_LOCK` on a bell; on PostgreSQL (nothing blocks there) at once.
+    async fn wait_blocked(&self, n: i64) {
+        let Db::MySql(p) = self else { return };
+        harness::wait_until(Duration::from_secs(10), || async {
+            let blocked: i64 = sqlx::query_scalar(
+                "select count(*) from information_schema.processlist \
+                  where info like '%is_free_lock%' and state = 'User lock'",
+            )
+            .fetch_one(p)
+            .await
+            .unwrap();
+            if blocked == n {
+                Ok(())
+            } else {
+                Err(format!("{blocked} blocked, waiting for {n}"))
+            }
+        })
+        .await
+        .unwrap();
+    }
 }
 
 /// The same claims for both databases: `$connect` gives a service on a fresh
 /// database.
 macro_rules! lease_table_claims {
-    ($db:ident, $connect:expr, $issuer:literal) => {
+    ($db:ident, $connect:expr, $at:expr, $issuer:literal) => {
         mod $db {
             use super::*;
 
@@ -130,12 +204,255 @@ macro_rules! lease_table_claims {
             async fn bad_requests_are_invalid_config() {
                 contract::bad_requests_are_invalid_config(&$connect.await).await;
             }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn non_fair_mutual_exclusion_under_contention() {
+                let svc: Arc<dyn LockService> = Arc::new($connect.await.non_fair());
+                contract::mutual_exclusion_under_contention(svc, "page-1", 8, 25).await;
+            }
+
+            #[tokio::test]
+            async fn non_fair_holder_lookup_names_the_client_and_token() {
+                let svc = $connect.await.non_fair().with_client_id("alice").unwrap();
+                assert!(!svc.is_fair());
+                contract::holder_lookup_names_the_client_and_token(
+                    &svc, &svc, "alice", "page", true,
+                )
+                .await;
+            }
+
+            #[tokio::test]
+            async fn fair_waiter_is_woken_by_the_release_not_by_polling() {
+                waiter_is_woken_by_the_release($at.await, true).await;
+            }
+
+            #[tokio::test]
+            async fn non_fair_waiter_is_woken_by_the_release_not_by_polling() {
+                waiter_is_woken_by_the_release($at.await, false).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn fair_waiters_are_granted_in_the_order_they_queued() {
+                let (svc, db) = $at.await;
+                let lease = svc
+                    .acquire("page", Duration::from_secs(30), Duration::ZERO)
+                    .await
+                    .unwrap();
+                let order = Arc::new(std::sync::Mutex::new(vec![]));
+                let mut joins = vec![];
+                for i in 0..4 {
+                    let (svc, order) = (svc.clone(), order.clone());
+                    joins.push(tokio::spawn(async move {
+                        let lease = svc
+                            .acquire("page", Duration::from_secs(30), Duration::from_secs(30))
+                            .await
+                            .expect("granted in turn");
+                        order
+                            .lock()
+                            .unwrap()
+                            .push((i, lease.token().unwrap().get()));
+                        lease.release().await.unwrap();
+                    }));
+                    db.wait_queued("page", i + 1).await;
+                }
+                lease.release().await.unwrap();
+                for j in joins {
+                    j.await.unwrap();
+                }
+                let order = order.lock().unwrap().clone();
+                let who: Vec<i64> = order.iter().map(|(i, _)| *i).collect();
+                assert_eq!(who, vec![0, 1, 2, 3], "first come, first served");
+                assert!(order.windows(2).all(|w| w[0].1 < w[1].1), "{order:?}");
+                db.wait_queued("page", 0).await;
+            }
+
+            /// What starved the waiters of the polled lock: the holder
+            /// releases and asks again at once. Fair, it queues behind.
+            #[tokio::test]
+            async fn a_fair_holder_that_asks_again_at_once_queues_behind_the_waiter() {
+                let (svc, db) = $at.await;
+                let lease = svc
+                    .acquire("page", Duration::from_secs(30), Duration::ZERO)
+                    .await
+                    .unwrap();
+                let waiting = tokio::spawn({
+                    let svc = svc.clone();
+                    async move {
+                        let lease = svc
+                            .acquire("page", Duration::from_secs(30), Duration::from_secs(30))
+                            .await
+                            .unwrap();
+                        let token = lease.token();
+                        lease.release().await.unwrap();
+                        token
+                    }
+                });
+                db.wait_queued("page", 1).await;
+                lease.release().await.unwrap();
+                let again = svc
+                    .acquire("page", Duration::from_secs(30), Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                let waiter_token = waiting.await.unwrap();
+                assert!(
+                    waiter_token < again.token(),
+                    "the waiter ({waiter_token:?}) was granted before the holder's second \
+                     grant ({:?})",
+                    again.token()
+                );
+                again.release().await.unwrap();
+            }
+
+            /// The lock freed while its first waiter is not looking: it stays
+            /// that waiter's until its place lapses; a newcomer is refused.
+            #[tokio::test]
+            async fn a_free_lock_waits_for_the_first_waiter_and_a_newcomer_is_refused() {
+                let (svc, db) = $at.await;
+                let first = svc.clone().with_poll_fallback(Duration::from_secs(10));
+                let lease = svc
+                    .acquire("page", Duration::from_secs(30), Duration::ZERO)
+                    .await
+                    .unwrap();
+                let mut waiting = Box::pin(first.acquire(
+                    "page",
+                    Duration::from_secs(30),
+                    Duration::from_secs(60),
+                ));
+                tokio::select! {
+                    r = &mut waiting => panic!("granted while held: {r:?}"),
+                    () = async { db.wait_queued("page", 1).await; db.wait_blocked(1).await } => {}
+                }
+                lease.release().await.unwrap();
+                let refused = svc
+                    .acquire("page", Duration::from_secs(30), Duration::ZERO)
+                    .await;
+                assert!(
+                    matches!(refused, Err(LockError::Timeout { .. })),
+                    "{refused:?}"
+                );
+                let granted = tokio::time::timeout(Duration::from_secs(5), waiting)
+                    .await
+                    .expect("the first waiter is granted at once")
+                    .unwrap();
+                granted.release().await.unwrap();
+            }
+
+            #[tokio::test]
+            async fn a_dead_fair_waiter_is_skipped_once_its_place_lapses() {
+                let (svc, db) = $at.await;
+                // Places last 4 × 100 ms without renewal.
+                let fallback = Duration::from_millis(100);
+                let dead = svc.clone().with_poll_fallback(fallback);
+                let live = svc.clone().with_poll_fallback(fallback);
+                let lease = svc
+                    .acquire("page", Duration::from_secs(30), Duration::ZERO)
+                    .await
+                    .unwrap();
+                // A waiter that queued, then stopped: never polled again,
+                // never dropped, as a process that froze or died.
+                let mut frozen = Box::pin(dead.acquire(
+                    "page",
+                    Duration::from_secs(30),
+                    Duration::from_secs(60),
+                ));
+                tokio::select! {
+                    r = &mut frozen => panic!("the dead waiter was granted: {r:?}"),
+                    () = db.wait_queued("page", 1) => {}
+                }
+                std::mem::forget(frozen);
+                let waiting = tokio::spawn(async move {
+                    live.acquire("page", Duration::from_secs(30), Duration::from_secs(20))
+                        .await
+                });
+                db.wait_queued("page", 2).await;
+                lease.release().await.unwrap();
+                let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+                    .await
+                    .expect("the live waiter gets the lock once the dead one's place lapsed")
+                    .unwrap()
+                    .expect("granted");
+                granted.release().await.unwrap();
+                // The dead waiter's row went with a refused try of the live one.
+                db.wait_queued("page", 0).await;
+            }
+
+            #[tokio::test]
+            async fn a_fair_waiter_that_gives_up_leaves_the_queue() {
+                let (svc, db) = $at.await;
+                let lease = svc
+                    .acquire("page", Duration::from_secs(30), Duration::ZERO)
+                    .await
+                    .unwrap();
+                // Its place would last 40 s: only leaving explains an empty queue.
+                let quitter = svc.clone().with_poll_fallback(Duration::from_secs(10));
+                let gave_up = quitter
+                    .acquire("page", Duration::from_secs(30), Duration::from_millis(300))
+                    .await;
+                assert!(
+                    matches!(gave_up, Err(LockError::Timeout { .. })),
+                    "{gave_up:?}"
+                );
+                db.wait_queued("page", 0).await;
+                lease.release().await.unwrap();
+            }
         }
     };
 }
 
-lease_table_claims!(pg, postgres(), "lease-postgres");
-lease_table_claims!(my, mysql(), "lease-mysql");
+lease_table_claims!(pg, postgres(), postgres_at(), "lease-postgres");
+lease_table_claims!(my, mysql(), mysql_at(), "lease-mysql");
+
+/// A waiter whose fallback poll (60 s) and holder's TTL (30 s) are far
+/// beyond the test's bound: a prompt grant after the release can only come
+/// from the notification (PostgreSQL) or the bell (MariaDB).
+async fn waiter_is_woken_by_the_release((svc, db): (LeaseTable, Db), fair: bool) {
+    let holder = if fair {
+        svc.clone()
+    } else {
+        svc.clone().non_fair()
+    };
+    let waiter = holder.clone().with_poll_fallback(Duration::from_secs(60));
+    let lease = holder
+        .acquire("page", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(holder.wait_stats().tries, 1, "uncontended: one try");
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move {
+            waiter
+                .acquire("page", Duration::from_secs(30), Duration::from_secs(50))
+                .await
+        }
+    });
+    // PostgreSQL: refused, listening, refused again. MariaDB: refused, then
+    // blocked on the bell.
+    let tries_before_waiting = match db {
+        Db::Postgres(_) => 3,
+        Db::MySql(_) => 2,
+    };
+    harness::wait_until(Duration::from_secs(10), || async {
+        match waiter.wait_stats().tries {
+            n if n >= tries_before_waiting => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await
+    .unwrap();
+    db.wait_blocked(1).await;
+    let released = Instant::now();
+    lease.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("granted long before the fallback poll or the holder's TTL")
+        .unwrap()
+        .unwrap();
+    eprintln!("granted {:?} after the release", released.elapsed());
+    let stats = waiter.wait_stats();
+    assert_eq!(stats.notified, 1, "{stats:?}");
+    assert_eq!(stats.timed_out, 0, "{stats:?}");
+    assert_eq!(stats.tries, tries_before_waiting + 1, "{stats:?}");
+    granted.release().await.unwrap();
+}
 
 #[tokio::test]
 async fn postgres_tokens_keep_increasing_across_a_database_crash() {

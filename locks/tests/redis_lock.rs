@@ -5,10 +5,11 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::redis::{fence_key, lock_key, RedisLock};
-use fencelock::{LockError, LockService};
+use fencelock::redis::{channel, deadlines_key, fence_key, lock_key, queue_key, RedisLock};
+use fencelock::{AcquireOptions, HolderLookup, LockError, LockService};
 use harness::{Persistence, Redis};
 use support::contract;
+use tokio::time::Instant;
 
 async fn service(redis: &Redis) -> RedisLock {
     RedisLock::connect(&redis.url()).await.expect("connect")
@@ -134,9 +135,14 @@ async fn release_by_a_stranger_does_not_free_the_lock() {
         .await
         .unwrap();
     let mut raw = raw(&redis).await;
+    let token = lease.token().unwrap().get();
     let deleted: i64 = redis::Script::new(fencelock::redis::RELEASE_SCRIPT)
         .key(lock_key("page"))
-        .arg("somebody-else")
+        .key(queue_key("page"))
+        .key(deadlines_key("page"))
+        .arg("somebody-else x")
+        .arg(token)
+        .arg(channel("page"))
         .invoke_async(&mut raw)
         .await
         .unwrap();
@@ -238,4 +244,438 @@ async fn holder_lookup_names_the_client_and_token() {
 async fn dropped_lease_is_released_in_the_background() {
     let redis = Redis::start().await;
     contract::dropped_lease_is_released_in_the_background(&service(&redis).await, "page").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_fair_mutual_exclusion_under_contention() {
+    let redis = Redis::start().await;
+    let svc: Arc<dyn LockService> = Arc::new(service(&redis).await.non_fair());
+    contract::mutual_exclusion_under_contention(svc, "page-1", 8, 25).await;
+}
+
+#[tokio::test]
+async fn non_fair_tokens_strictly_increase_and_the_lookup_names_the_holder() {
+    let redis = Redis::start().await;
+    let svc = service(&redis).await.non_fair();
+    assert!(!svc.is_fair());
+    assert_eq!(contract::tokens_strictly_increase(&svc, "a", 5).await, 5);
+    let alice = svc.with_client_id("alice").unwrap();
+    contract::holder_lookup_names_the_client_and_token(&alice, &alice, "alice", "b", true).await;
+}
+
+/// The length of lock `name`'s fair queue, as Redis holds it.
+async fn queue_len(redis: &Redis, name: &str) -> i64 {
+    redis::cmd("LLEN")
+        .arg(queue_key(name))
+        .query_async(&mut raw(redis).await)
+        .await
+        .unwrap()
+}
+
+/// Wait (bounded) until `name`'s queue holds `n` waiters.
+async fn queued(redis: &Redis, name: &str, n: i64) {
+    harness::wait_until(Duration::from_secs(10), || async {
+        match queue_len(redis, name).await {
+            len if len == n => Ok(()),
+            len => Err(format!("{len} queued, waiting for {n}")),
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// A waiter whose fallback poll (60 s) and holder's TTL (30 s) are far
+/// beyond the test's bound: a prompt grant after the release can only come
+/// from the release's message.
+async fn waiter_is_woken_by_the_release(fair: bool) {
+    let redis = Redis::start().await;
+    let holder = service(&redis).await;
+    let waiter = {
+        let s = service(&redis)
+            .await
+            .with_poll_fallback(Duration::from_secs(60));
+        if fair {
+            s
+        } else {
+            s.non_fair()
+        }
+    };
+    let lease = holder
+        .acquire("page", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(holder.wait_stats().tries, 1, "uncontended: one try");
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move {
+            waiter
+                .acquire("page", Duration::from_secs(30), Duration::from_secs(50))
+                .await
+        }
+    });
+    // Refused, subscribed, refused again: now it waits for a message.
+    harness::wait_until(Duration::from_secs(10), || async {
+        match waiter.wait_stats().tries {
+            n if n >= 2 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await
+    .unwrap();
+    let released = Instant::now();
+    lease.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("granted long before the fallback poll or the holder's TTL")
+        .unwrap()
+        .unwrap();
+    let after = released.elapsed();
+    let stats = waiter.wait_stats();
+    assert_eq!(stats.notified, 1, "{stats:?}");
+    assert_eq!(stats.timed_out, 0, "{stats:?}");
+    assert_eq!(stats.tries, 3, "try, try after subscribing, try when woken");
+    assert!(granted.token() > Some(fencelock::Token::MIN));
+    eprintln!("granted {after:?} after the release");
+    granted.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn fair_waiter_is_woken_by_the_release_not_by_polling() {
+    waiter_is_woken_by_the_release(true).await;
+}
+
+#[tokio::test]
+async fn non_fair_waiter_is_woken_by_the_release_not_by_polling() {
+    waiter_is_woken_by_the_release(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiters_are_granted_in_the_order_they_queued() {
+    let redis = Redis::start().await;
+    let holder = service(&redis).await;
+    let lease = holder
+        .acquire("page", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    let order = Arc::new(std::sync::Mutex::new(vec![]));
+    let mut joins = vec![];
+    for i in 0..4 {
+        // Each waiter its own connection, as separate processes would be.
+        let svc = service(&redis).await;
+        let order = order.clone();
+        joins.push(tokio::spawn(async move {
+            let lease = svc
+                .acquire("page", Duration::from_secs(30), Duration::from_secs(30))
+                .await
+                .expect("granted in turn");
+            order
+                .lock()
+                .unwrap()
+                .push((i, lease.token().unwrap().get()));
+            lease.release().await.unwrap();
+        }));
+        queued(&redis, "page", i + 1).await;
+    }
+    lease.release().await.unwrap();
+    for j in joins {
+        j.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let who: Vec<i64> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(who, vec![0, 1, 2, 3], "first come, first served");
+    assert!(order.windows(2).all(|w| w[0].1 < w[1].1), "{order:?}");
+    assert_eq!(queue_len(&redis, "page").await, 0);
+}
+
+/// What starved the waiters of the polled lock: the holder releases and
+/// asks again at once. Fair, it queues behind the waiter that was there.
+#[tokio::test]
+async fn a_fair_holder_that_asks_again_at_once_queues_behind_the_waiter() {
+    let redis = Redis::start().await;
+    let first = service(&redis).await;
+    let second = service(&redis).await;
+    let lease = first
+        .acquire("page", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let lease = second
+            .acquire("page", Duration::from_secs(30), Duration::from_secs(30))
+            .await
+            .unwrap();
+        let token = lease.token();
+        lease.release().await.unwrap();
+        token
+    });
+    queued(&redis, "page", 1).await;
+    lease.release().await.unwrap();
+    let again = first
+        .acquire("page", Duration::from_secs(30), Duration::from_secs(30))
+        .await
+        .unwrap();
+    let waiter_token = waiting.await.unwrap();
+    assert!(
+        waiter_token < again.token(),
+        "the waiter ({waiter_token:?}) was granted before the holder's second grant ({:?})",
+        again.token()
+    );
+    again.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dead_fair_waiter_is_skipped_once_its_place_lapses() {
+    let redis = Redis::start().await;
+    // Places last 4 × 100 ms without renewal.
+    let fallback = Duration::from_millis(100);
+    let holder = service(&redis).await;
+    let dead = service(&redis).await.with_poll_fallback(fallback);
+    let live = service(&redis).await.with_poll_fallback(fallback);
+    let lease = holder
+        .acquire("page", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    // A waiter that queued, then stopped: never polled again, never dropped,
+    // as a process that froze or died (no leave, no renewal of its place).
+    let mut frozen =
+        Box::pin(dead.acquire("page", Duration::from_secs(30), Duration::from_secs(60)));
+    tokio::select! {
+        r = &mut frozen => panic!("the dead waiter was granted: {r:?}"),
+        () = queued(&redis, "page", 1) => {}
+    }
+    std::mem::forget(frozen);
+    let waiting = tokio::spawn({
+        let live = live.clone();
+        async move {
+            live.acquire("page", Duration::from_secs(30), Duration::from_secs(20))
+                .await
+        }
+    });
+    queued(&redis, "page", 2).await;
+    lease.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the live waiter gets the lock once the dead one's place lapsed")
+        .unwrap()
+        .expect("granted");
+    assert_eq!(
+        queue_len(&redis, "page").await,
+        0,
+        "the dead waiter is gone"
+    );
+    granted.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fair_waiter_that_gives_up_leaves_the_queue() {
+    let redis = Redis::start().await;
+    let holder = service(&redis).await;
+    // Its place would last 40 s: only leaving explains an empty queue.
+    let quitter = service(&redis)
+        .await
+        .with_poll_fallback(Duration::from_secs(10));
+    let lease = holder
+        .acquire("page", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    let gave_up = quitter
+        .acquire("page", Duration::from_secs(30), Duration::from_millis(300))
+        .await;
+    assert!(
+        matches!(gave_up, Err(LockError::Timeout { .. })),
+        "{gave_up:?}"
+    );
+    harness::wait_until(Duration::from_secs(5), || async {
+        match queue_len(&redis, "page").await {
+            0 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await
+    .expect("the place is given up, not left to lapse");
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_reentrant_owner_takes_the_lock_again_with_the_same_token_until_its_last_release() {
+    let redis = Redis::start().await;
+    let fair = service(&redis).await.with_client_id("alice").unwrap();
+    reentrant_claims(&redis, fair.clone(), "page").await;
+    reentrant_claims(&redis, fair.non_fair(), "other").await;
+}
+
+async fn reentrant_claims(redis: &Redis, svc: RedisLock, name: &str) {
+    let owner = svc.clone().reentrant();
+    let outer = owner
+        .acquire(name, Duration::from_secs(10), Duration::ZERO)
+        .await
+        .unwrap();
+    let inner = owner
+        .clone()
+        .acquire(name, Duration::from_secs(10), Duration::ZERO)
+        .await
+        .expect("the same owner re-enters at once");
+    assert_eq!(
+        inner.token(),
+        outer.token(),
+        "the token stays while re-entered"
+    );
+    assert_eq!(count(redis, name).await, Some(2));
+    let holder = Some(fencelock::Holder {
+        client_id: "alice".into(),
+        token: outer.token().unwrap(),
+    });
+    assert_eq!(svc.current_holder(name).await.unwrap(), holder);
+
+    // Another owner, reentrant or not, same client id or not, is refused.
+    for other in [svc.clone().reentrant(), svc.clone(), svc.clone().non_fair()] {
+        let refused = other
+            .acquire(name, Duration::from_secs(10), Duration::ZERO)
+            .await;
+        assert!(
+            matches!(refused, Err(LockError::Timeout { .. })),
+            "{refused:?}"
+        );
+    }
+
+    let first_token = outer.token();
+    inner.release().await.unwrap();
+    assert_eq!(count(redis, name).await, Some(1), "one release counts down");
+    assert_eq!(svc.current_holder(name).await.unwrap(), holder);
+    outer.release().await.unwrap();
+    assert_eq!(count(redis, name).await, None, "the last release deletes");
+    assert_eq!(svc.current_holder(name).await.unwrap(), None);
+    let next = svc
+        .acquire(name, Duration::from_secs(10), Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(next.token() > first_token, "a new grant, a new token");
+    next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_late_release_of_an_expired_reentrant_grant_does_not_count_down_the_next_one() {
+    let redis = Redis::start().await;
+    let owner = service(&redis).await.reentrant();
+    let ttl = Duration::from_millis(300);
+    let old = owner
+        .acquire_with("page", AcquireOptions::new(ttl).auto_renew(false))
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await; // the scenario: it lapses
+    let new = owner
+        .acquire("page", Duration::from_secs(10), Duration::ZERO)
+        .await
+        .expect("the lapsed grant is gone");
+    assert!(new.token() > old.token(), "a new grant, not a re-entry");
+    assert!(matches!(
+        old.release().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    assert_eq!(count(&redis, "page").await, Some(1));
+    new.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn holder_lookup_names_non_fair_and_reentrant_holders() {
+    let redis = Redis::start().await;
+    let svc = service(&redis).await.with_client_id("bob").unwrap();
+    for (i, variant) in [
+        svc.clone().non_fair(),
+        svc.clone().reentrant(),
+        svc.clone().non_fair().reentrant(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        contract::holder_lookup_names_the_client_and_token(
+            &variant,
+            &svc,
+            "bob",
+            &format!("page-{i}"),
+            true,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrant_handles_exclude_each_other_under_contention() {
+    let redis = Redis::start().await;
+    let svc = service(&redis).await;
+    // One reentrant handle per task: distinct owners.
+    let in_use = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut joins = vec![];
+    for _ in 0..4 {
+        let owner = svc.clone().reentrant();
+        let in_use = in_use.clone();
+        joins.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let outer = owner
+                    .acquire("page", Duration::from_secs(10), Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                assert!(!in_use.swap(true, std::sync::atomic::Ordering::SeqCst));
+                let inner = owner
+                    .acquire("page", Duration::from_secs(10), Duration::ZERO)
+                    .await
+                    .unwrap();
+                assert_eq!(inner.token(), outer.token());
+                inner.release().await.unwrap();
+                tokio::task::yield_now().await;
+                in_use.store(false, std::sync::atomic::Ordering::SeqCst);
+                outer.release().await.unwrap();
+            }
+        }));
+    }
+    for j in joins {
+        j.await.unwrap();
+    }
+}
+
+/// The `count` field of `lock:{N}`; `None` when the hash is gone.
+async fn count(redis: &Redis, name: &str) -> Option<i64> {
+    redis::cmd("HGET")
+        .arg(lock_key(name))
+        .arg("count")
+        .query_async(&mut raw(redis).await)
+        .await
+        .unwrap()
+}
+
+/// The lock freed while the first waiter is not looking (frozen, not yet
+/// woken): it stays the first waiter's until its place lapses, and a
+/// newcomer that tries without waiting is refused.
+#[tokio::test]
+async fn a_free_lock_waits_for_the_first_waiter_and_a_newcomer_is_refused() {
+    let redis = Redis::start().await;
+    let holder = service(&redis).await;
+    let first = service(&redis)
+        .await
+        .with_poll_fallback(Duration::from_secs(10));
+    let lease = holder
+        .acquire("page", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    let mut waiting =
+        Box::pin(first.acquire("page", Duration::from_secs(30), Duration::from_secs(60)));
+    tokio::select! {
+        r = &mut waiting => panic!("granted while held: {r:?}"),
+        () = queued(&redis, "page", 1) => {}
+    }
+    lease.release().await.unwrap();
+    for newcomer in [holder.clone(), service(&redis).await] {
+        let refused = newcomer
+            .acquire("page", Duration::from_secs(30), Duration::ZERO)
+            .await;
+        assert!(
+            matches!(refused, Err(LockError::Timeout { .. })),
+            "{refused:?}"
+        );
+    }
+    // The first waiter, polled again, finds the release's message and takes it.
+    let granted = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the first waiter is granted at once")
+        .unwrap();
+    granted.release().await.unwrap();
 }

@@ -69,6 +69,11 @@ impl Stack {
     /// `scripts/stack up` with the default backend (ZooKeeper); panics with
     /// the stack's logs when it does not come up.
     pub fn up(prefix: &str) -> Stack {
+        Self::up_with(prefix, "zookeeper")
+    }
+
+    /// `BACKEND=<backend> scripts/stack up`.
+    pub fn up_with(prefix: &str, backend: &str) -> Stack {
         let state = tempfile::Builder::new()
             .prefix(prefix)
             .tempdir()
@@ -100,8 +105,8 @@ impl Stack {
             ("STACK_REDIS_PORT".into(), port()),
             ("STACK_MARIADB_PORT".into(), port()),
             ("STACK_REDLOCK_PORTS".into(), redlock.join(" ")),
-            // The README's default backend; never inherit the caller's choice.
-            ("BACKEND".into(), "zookeeper".into()),
+            // Never inherit the caller's choice.
+            ("BACKEND".into(), backend.into()),
         ];
         let env = [env, replicated_ports()].concat();
         let stack = Stack {
@@ -139,6 +144,7 @@ impl Stack {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env_remove("WORKER_GATEWAY")
             .env_remove("WORKER_FENCING")
+            .env_remove("WORKER_FAIR")
             .output()
             .expect("run scripts/stack")
     }

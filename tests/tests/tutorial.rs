@@ -137,6 +137,7 @@ impl Stack {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env_remove("WORKER_GATEWAY")
             .env_remove("WORKER_FENCING")
+            .env_remove("WORKER_FAIR")
             .output()
             .expect("run scripts/stack")
     }
@@ -165,6 +166,7 @@ impl Stack {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env_remove("WORKER_GATEWAY")
             .env_remove("WORKER_FENCING")
+            .env_remove("WORKER_FAIR")
             .envs(vars.iter().map(|(k, v)| (k, v)))
             .stdin(std::process::Stdio::null())
             .output()

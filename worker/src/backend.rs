@@ -27,8 +27,9 @@ impl BackendError {
     }
 }
 
-/// Connect to the configured lock service. ZooKeeper's session timeout is
-/// `--ttl`: the holder trusts its session no longer than that.
+/// Connect to the configured lock service, fair or not as `--fair` says
+/// (Redlock has no fair variant). ZooKeeper's session timeout is `--ttl`:
+/// the holder trusts its session no longer than that.
 pub async fn connect(config: &Config) -> Result<Arc<dyn LockService>, BackendError> {
     config.validate()?;
     let missing = |setting| ConfigError::Missing {
@@ -39,7 +40,8 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn LockService>, BackendErr
     let service: Arc<dyn LockService> = match config.backend {
         Backend::Redis => {
             let url = config.redis_url.as_deref().ok_or(missing("--redis-url"))?;
-            Arc::new(RedisLock::connect(url).await?.with_client_id(client_id)?)
+            let locks = RedisLock::connect(url).await?.with_client_id(client_id)?;
+            Arc::new(if config.fair { locks } else { locks.non_fair() })
         }
         Backend::RedisSentinel => {
             let mut locks =
@@ -48,6 +50,9 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn LockService>, BackendErr
                     .with_client_id(client_id)?;
             if config.redis_wait_replicas > 0 {
                 locks = locks.with_wait(config.redis_wait_replicas, config.redis_wait_timeout);
+            }
+            if !config.fair {
+                locks = locks.non_fair();
             }
             Arc::new(locks)
         }
@@ -65,22 +70,23 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn LockService>, BackendErr
                 .zookeeper_connect
                 .as_deref()
                 .ok_or(missing("--zookeeper-connect"))?;
-            Arc::new(
-                ZooKeeperLock::connect(connect, config.ttl)
-                    .await?
-                    .with_client_id(client_id)?,
-            )
+            let locks = ZooKeeperLock::connect(connect, config.ttl)
+                .await?
+                .with_client_id(client_id)?;
+            Arc::new(if config.fair { locks } else { locks.non_fair() })
         }
         Backend::LeasePostgres => {
             let url = config
                 .database_url
                 .as_deref()
                 .ok_or(missing("--database-url"))?;
-            Arc::new(LeaseTable::postgres(url).await?.with_client_id(client_id)?)
+            let locks = LeaseTable::postgres(url).await?.with_client_id(client_id)?;
+            Arc::new(if config.fair { locks } else { locks.non_fair() })
         }
         Backend::LeaseMysql => {
             let url = config.mysql_url.as_deref().ok_or(missing("--mysql-url"))?;
-            Arc::new(LeaseTable::mysql(url).await?.with_client_id(client_id)?)
+            let locks = LeaseTable::mysql(url).await?.with_client_id(client_id)?;
+            Arc::new(if config.fair { locks } else { locks.non_fair() })
         }
     };
     Ok(service)

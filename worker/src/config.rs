@@ -56,6 +56,15 @@ pub struct Config {
     #[arg(long, env = "MYSQL_URL")]
     pub mysql_url: Option<String>,
 
+    /// `true` (the default): the fair variant of the lock (first come, first
+    /// served: a holder that asks again right after its release queues behind
+    /// the waiters, so workers on one page take turns); `false`: the non-fair
+    /// one (whoever asks first when it is free wins, usually the worker that
+    /// just released). For redis, redis-sentinel, zookeeper, lease-postgres
+    /// and lease-mysql; Redlock has no fair variant and ignores it.
+    #[arg(long, env = "WORKER_FAIR", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fair: bool,
+
     /// Base URL of the gateway, e.g. http://127.0.0.1:8080.
     #[arg(long, env = "WORKER_GATEWAY")]
     pub gateway: String,
@@ -338,5 +347,24 @@ mod tests {
         assert!(!c.if_match);
         assert_eq!(c.edit_limit(), None);
         assert_eq!(c.lock_name(), "page:demo");
+        assert!(c.fair, "fair by default");
+    }
+
+    #[test]
+    fn fair_takes_true_or_false() {
+        let base = [
+            "--backend",
+            "redis",
+            "--redis-url",
+            "redis://r",
+            "--gateway",
+            "http://g",
+        ];
+        assert!(!parse(&[&base[..], &["--fair", "false"]].concat()).fair);
+        assert!(parse(&[&base[..], &["--fair", "true"]].concat()).fair);
+        let bad = Config::try_parse_from(
+            std::iter::once("worker").chain([&base[..], &["--fair", "maybe"]].concat()),
+        );
+        assert!(bad.is_err());
     }
 }

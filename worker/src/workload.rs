@@ -172,6 +172,7 @@ where
         client = %client_id,
         page = %config.page,
         fencing = ?config.fencing,
+        fair = config.fair,
         "worker started"
     );
     let mut workload = Workload {

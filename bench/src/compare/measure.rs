@@ -123,33 +123,135 @@ impl Services {
         }
     }
 
-    /// `n` lock services, each with its own connection (or session, or pool).
+    /// `n` lock services, each with its own connection (or session, or
+    /// pool), of the default variant (fair, for the locks that have both).
     pub async fn lock_clients(&self, n: usize) -> anyhow::Result<Vec<Arc<dyn LockService>>> {
+        self.lock_clients_variant(n, true).await
+    }
+
+    /// `n` lock services of the fair variant or not (Redlock has only one).
+    pub async fn lock_clients_variant(
+        &self,
+        n: usize,
+        fair: bool,
+    ) -> anyhow::Result<Vec<Arc<dyn LockService>>> {
         let mut out: Vec<Arc<dyn LockService>> = Vec::with_capacity(n);
         for _ in 0..n {
-            out.push(match self {
-                Services::Redis(r) => Arc::new(RedisLock::connect(&r.url()).await?),
-                Services::Redlock(_) => Arc::new(Redlock::connect(&self.redis_urls()).await?),
-                Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => Arc::new(
-                    ZooKeeperLock::connect(
-                        &self.zookeeper_connect().expect("zookeeper"),
-                        Duration::from_secs(6),
-                    )
-                    .await?,
-                ),
-                Services::Sentinel(g) => Arc::new(
-                    RedisSentinelLock::connect(&g.sentinel_addrs(), g.master_name()).await?,
-                ),
-                Services::Postgres { db, .. } => Arc::new(LeaseTable::postgres(db).await?),
-                Services::MariaDb { db, .. } => Arc::new(LeaseTable::mysql(db).await?),
-            });
+            out.push(self.client(fair).await?);
         }
         Ok(out)
     }
 
+    /// Whether this service's lock comes fair and non-fair (all but Redlock).
+    pub fn has_variants(&self) -> bool {
+        !matches!(self, Services::Redlock(_))
+    }
+
+    /// Whether a waiter's wait is itself a round trip to the service
+    /// (MariaDB's bell); a notification or a message costs none.
+    pub fn waits_are_round_trips(&self) -> bool {
+        matches!(self, Services::MariaDb { .. })
+    }
+
+    /// One lock service, fair or not.
+    async fn client(&self, fair: bool) -> anyhow::Result<Arc<dyn LockService>> {
+        Ok(match self {
+            Services::Redis(r) => {
+                let l = RedisLock::connect(&r.url()).await?;
+                Arc::new(if fair { l } else { l.non_fair() })
+            }
+            Services::Redlock(_) => Arc::new(Redlock::connect(&self.redis_urls()).await?),
+            Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => {
+                let l = ZooKeeperLock::connect(
+                    &self.zookeeper_connect().expect("zookeeper"),
+                    Duration::from_secs(6),
+                )
+                .await?;
+                Arc::new(if fair { l } else { l.non_fair() })
+            }
+            Services::Sentinel(g) => {
+                let l = RedisSentinelLock::connect(&g.sentinel_addrs(), g.master_name()).await?;
+                Arc::new(if fair { l } else { l.non_fair() })
+            }
+            Services::Postgres { db, .. } => {
+                let l = LeaseTable::postgres(db).await?;
+                Arc::new(if fair { l } else { l.non_fair() })
+            }
+            Services::MariaDb { db, .. } => {
+                let l = LeaseTable::mysql(db).await?;
+                Arc::new(if fair { l } else { l.non_fair() })
+            }
+        })
+    }
+
+    /// A hot-page worker's lock service: fair or not, recording `client_id`.
+    pub async fn hot_client(
+        &self,
+        client_id: &str,
+        fair: bool,
+    ) -> anyhow::Result<super::hot::HotClient> {
+        use super::hot::HotClient;
+        let with_id = |e: fencelock::LockError| anyhow::anyhow!("client id: {e}");
+        Ok(match self {
+            Services::Redis(r) => {
+                let l = RedisLock::connect(&r.url())
+                    .await?
+                    .with_client_id(client_id)
+                    .map_err(with_id)?;
+                let l = if fair { l } else { l.non_fair() };
+                let counted = l.clone();
+                HotClient {
+                    locks: Arc::new(l),
+                    stats: Some(Box::new(move || counted.wait_stats())),
+                }
+            }
+            Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => {
+                let l = ZooKeeperLock::connect(
+                    &self.zookeeper_connect().expect("zookeeper"),
+                    Duration::from_secs(6),
+                )
+                .await?
+                .with_client_id(client_id)
+                .map_err(with_id)?;
+                HotClient {
+                    locks: Arc::new(if fair { l } else { l.non_fair() }),
+                    stats: None,
+                }
+            }
+            Services::Sentinel(g) => {
+                let l = RedisSentinelLock::connect(&g.sentinel_addrs(), g.master_name())
+                    .await?
+                    .with_client_id(client_id)
+                    .map_err(with_id)?;
+                let l = if fair { l } else { l.non_fair() };
+                let counted = l.clone();
+                HotClient {
+                    locks: Arc::new(l),
+                    stats: Some(Box::new(move || counted.wait_stats())),
+                }
+            }
+            Services::Postgres { db, .. } | Services::MariaDb { db, .. } => {
+                let l = if matches!(self, Services::Postgres { .. }) {
+                    LeaseTable::postgres(db).await?
+                } else {
+                    LeaseTable::mysql(db).await?
+                }
+                .with_client_id(client_id)
+                .map_err(with_id)?;
+                let l = if fair { l } else { l.non_fair() };
+                let counted = l.clone();
+                HotClient {
+                    locks: Arc::new(l),
+                    stats: Some(Box::new(move || counted.wait_stats())),
+                }
+            }
+            Services::Redlock(_) => anyhow::bail!("Redlock mints no token: no hot page"),
+        })
+    }
+
     /// The gateway's issuer for this service's tokens (name, URL); `None`
     /// for Redlock, which mints none.
-    fn issuer(&self) -> Option<(&'static str, String)> {
+    pub fn issuer(&self) -> Option<(&'static str, String)> {
         match self {
             Services::Redis(r) => Some(("redis", r.url())),
             Services::Redlock(_) => None,

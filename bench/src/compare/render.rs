@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 
-use super::{BackendReport, Cell, ChaosResult, ChaosRow, Report};
+use super::{BackendReport, Cell, ChaosResult, ChaosRow, HotCell, Report};
 use crate::stats::ms;
 
 /// The machine the figures come from.
@@ -213,14 +213,127 @@ pub fn backend_line(r: &BackendReport) -> String {
         (Cell::NotMeasured(reason), None) => format!("not measured ({reason})"),
         _ => "—".into(),
     };
-    format!(
+    let mut line = format!(
         "{}: uncontended {}/s, contended {}/s, end to end {} edits/s, limit {}/s",
         row_label(r),
         show(&r.uncontended),
         show(&r.contended),
         show(&r.e2e),
         show(&r.limit.1)
-    )
+    );
+    if let Some(hot) = &r.hot {
+        for (variant, cell) in [("fair", &hot.fair), ("non-fair", &hot.non_fair)] {
+            let _ = match (cell, cell.medians()) {
+                (_, Some(h)) => write!(
+                    line,
+                    "; hot page {variant}: {} alone, {} by 3 ({:.2}×), smallest share {:.0} %",
+                    num(h.alone),
+                    num(h.together),
+                    h.ratio(),
+                    h.min_share() * 100.0
+                ),
+                (HotCell::NotMeasured(why), None) => {
+                    write!(line, "; hot page {variant}: not measured ({why})")
+                }
+                _ => Ok(()),
+            };
+        }
+    }
+    line
+}
+
+/// Uncontended acquire+release of the fair and the non-fair variant, side
+/// by side (the issue: fair must not cost more than 10 %).
+fn fairness_table(report: &Report, out: &mut String) {
+    let mut notes = Footnotes::default();
+    let _ = writeln!(
+        out,
+        "| backend | fair: acquire+release/s | p50 ms | non-fair: acquire+release/s | p50 ms | fair ÷ non-fair |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    for b in &report.backends {
+        let Some(non_fair) = &b.uncontended_non_fair else {
+            continue;
+        };
+        let ratio = match (b.uncontended.rate(), non_fair.rate()) {
+            (Some(f), Some(n)) if n > 0.0 => format!("{:.2}×", f / n),
+            _ => "—".into(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {ratio} |",
+            row_label(b),
+            rate_cell(&b.uncontended, &mut notes),
+            lat_cell(&b.uncontended, |f| f.p50),
+            rate_cell(non_fair, &mut notes),
+            lat_cell(non_fair, |f| f.p50),
+        );
+    }
+    notes.render(out);
+}
+
+/// The hot page: per backend and variant, one worker alone and three together.
+fn hot_table(report: &Report, out: &mut String) {
+    let mut notes = Footnotes::default();
+    let _ = writeln!(
+        out,
+        "| backend | lock | 1 worker: edits/s | {w} workers: edits/s | {w} ÷ 1 | shares of the {w} | smallest share | hand-over p50 ms | p99 ms | extra lock round trips/s per worker | targets (≥ 0.8×, every share ≥ 20 %) |",
+        w = super::hot::WORKERS
+    );
+    let _ = writeln!(out, "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|");
+    let mut failures = vec![];
+    for b in &report.backends {
+        let Some(hot) = &b.hot else { continue };
+        for (variant, cell) in [("fair", &hot.fair), ("non-fair", &hot.non_fair)] {
+            match (cell, cell.medians()) {
+                (_, Some(h)) => {
+                    let shares: Vec<String> = h
+                        .shares
+                        .iter()
+                        .map(|s| format!("{:.0} %", s * 100.0))
+                        .collect();
+                    let _ = writeln!(
+                        out,
+                        "| {} | {variant} | {} | {} | {:.2}× | {} | {:.0} % | {} | {} | {} | {} |",
+                        row_label(b),
+                        num(h.alone),
+                        num(h.together),
+                        h.ratio(),
+                        shares.join(" / "),
+                        h.min_share() * 100.0,
+                        ms(h.handover_p50),
+                        ms(h.handover_p99),
+                        h.extra_round_trips
+                            .map(num)
+                            .unwrap_or_else(|| "not counted".into()),
+                        if h.meets_targets() { "met" } else { "NOT met" },
+                    );
+                    if h.rejected + h.failed > 0 {
+                        failures.push(format!(
+                            "{} ({variant}): {} edit(s) refused by the fence or the issuer \
+                             check, {} failed transiently (503), over all repeats",
+                            row_label(b),
+                            h.rejected,
+                            h.failed
+                        ));
+                    }
+                }
+                (HotCell::NotMeasured(why), None) => {
+                    let mark = notes.mark(why);
+                    let _ = writeln!(
+                        out,
+                        "| {} | {variant} | {mark} | | | | | | | | |",
+                        row_label(b)
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    notes.render(out);
+    for f in failures {
+        let _ = writeln!(out, "\n- {f}");
+    }
 }
 
 fn speed_table(report: &Report, out: &mut String) {
@@ -433,6 +546,13 @@ pub fn terminal(report: &Report) -> String {
     let _ = writeln!(out, "\n{}\n", setup_line(report));
     let _ = writeln!(out, "Speed\n");
     speed_table(report, &mut out);
+    let _ = writeln!(out, "\nFair and non-fair, uncontended\n");
+    fairness_table(report, &mut out);
+    let _ = writeln!(
+        out,
+        "\nHot page: one page, 1 worker alone, then 3 together\n"
+    );
+    hot_table(report, &mut out);
     let _ = writeln!(out, "\nLimits and peers (same run, same services)\n");
     limits_table(report, &mut out);
     let _ = writeln!(out, "\nChaos\n");
@@ -493,16 +613,45 @@ pub fn markdown(report: &Report) -> String {
          its issuer before the write): acquire, fenced GET, fenced PUT, release, no simulated \
          work (`--work-ms 0`); it counts acknowledged edits. `bench trust` in \
          docs/BENCHMARKS.md isolates what the issuer check costs.\n\n\
-         Under contention the p50 can be lower than uncontended: the locks that poll (Redis, \
-         Redlock, the lease tables) are not fair, and the client that just released often \
-         takes the lock again at once; the p99 is the waiters' latency. ZooKeeper's lock is a \
-         fair queue, and every grant and release is a write that ZooKeeper syncs to its \
-         transaction log; concurrent clients probably share those syncs, which would explain a \
-         contended rate above the uncontended one.\n",
+         The speed rows use each lock's default variant: fair, for every lock that has both \
+         (Redlock has no fair variant, and its waiters poll). Every grant and release of the \
+         ZooKeeper lock is a write that ZooKeeper syncs to its transaction log; concurrent \
+         clients probably share those syncs, which would explain a contended rate above the \
+         uncontended one.\n",
         c = report.settings.contenders,
         w = report.settings.workers
     );
     speed_table(report, &mut out);
+    let _ = writeln!(out, "\n## Fair and non-fair\n");
+    let _ = writeln!(
+        out,
+        "Uncontended acquire+release of each lock's fair variant (the default) beside its \
+         non-fair one, measured as above. The fair grant also looks at the queue (Redis: one \
+         script that reads the server's clock and the queue; the lease tables: one statement \
+         with the queue's subqueries), and the release also names the next waiter; the issue \
+         allows the fair lock 10 % more than the non-fair one.\n"
+    );
+    fairness_table(report, &mut out);
+    let _ = writeln!(out, "\n### The hot page\n");
+    let _ = writeln!(
+        out,
+        "One page, fenced edits through an in-process gateway with trust on (each worker's key \
+         required, every token checked with its issuer): each worker acquires the page's lock \
+         (TTL 2 s, wait 10 s), reads the page (fenced GET), writes it with one more line (fenced \
+         PUT), releases, and again, with no simulated work; each has its own lock connection. \
+         One worker alone, then {w} together, {secs} s each, per lock variant. The hand-over is \
+         the time from a holder sending its release to the next holder's acquire returning \
+         (whoever that is): the time the lock spends idle between holders, plus a round trip. \
+         \"Extra lock round trips\" counts the round trips to the lock service beyond one try \
+         per grant, per second and per worker: retries after a refusal, and MariaDB's waits on \
+         the bell (a PostgreSQL notification or a Redis message costs no round trip); not \
+         counted for ZooKeeper, whose lock keeps no such counter. The issue's targets: {w} \
+         together at least 0.8× the edits/s of one alone, and every worker at least 20 % of the \
+         edits. Code: `bench/src/compare/hot.rs`.\n",
+        w = super::hot::WORKERS,
+        secs = report.settings.hot_secs.as_secs()
+    );
+    hot_table(report, &mut out);
     let _ = writeln!(out, "\n## Limits and peers\n");
     let _ = writeln!(
         out,

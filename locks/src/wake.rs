@@ -1,0 +1,324 @@
+//! Who is waiting for which lock in this process, and how a notification
+//! from the lock service (a Redis pub/sub message, a PostgreSQL `NOTIFY`)
+//! reaches exactly the waiters it is for.
+//!
+//! A waiter registers under a key (the Redis channel, or the lock name for
+//! PostgreSQL) with its waiter id when it waits in a fair queue, or without
+//! one when any release concerns it (non-fair). A notification names a key
+//! and a target: `*` wakes every waiter of the key, a waiter id wakes that
+//! waiter (and the non-fair ones, who try on every release). When the
+//! connection that carries the notifications is lost, every waiter is woken,
+//! since a message may have been lost with it.
+//!
+//! A registration counts the notifications meant for it in a `watch`
+//! channel. The waiter marks the count as seen ([`Registration::arm`])
+//! *before* each try, so that a release that happens between its try and
+//! its wait is not missed: the wait returns at once.
+
+// The MariaDB lease table waits on a bell, not on these registrations.
+#![cfg_attr(
+    not(any(feature = "redis", feature = "lease-postgres")),
+    allow(dead_code)
+)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::{Lease, LockError, WaitStats};
+
+/// Called with a key whose last waiter just left (Redis unsubscribes then).
+type OnEmpty = Box<dyn Fn(&str) + Send + Sync>;
+
+/// The waiters of this process, by key.
+#[derive(Default)]
+pub(crate) struct Wakers {
+    routes: Mutex<HashMap<String, Vec<Route>>>,
+    next_id: AtomicU64,
+    on_empty: Option<OnEmpty>,
+}
+
+struct Route {
+    id: u64,
+    /// `Some` for a waiter in a fair queue: only messages naming it (or `*`)
+    /// wake it. `None`: every message of the key wakes it.
+    waiter: Option<Arc<str>>,
+    tx: watch::Sender<u64>,
+}
+
+impl Wakers {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn with_on_empty(on_empty: OnEmpty) -> Self {
+        Wakers {
+            on_empty: Some(on_empty),
+            ..Wakers::default()
+        }
+    }
+
+    /// Register a waiter under `key`. It is woken from now on.
+    pub(crate) fn register(self: &Arc<Self>, key: &str, waiter: Option<Arc<str>>) -> Registration {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = watch::channel(0u64);
+        self.routes
+            .lock()
+            .expect("wakers mutex")
+            .entry(key.to_string())
+            .or_default()
+            .push(Route { id, waiter, tx });
+        Registration {
+            wakers: self.clone(),
+            key: key.to_string(),
+            id,
+            rx,
+        }
+    }
+
+    /// Whether anybody waits under `key` now.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn has(&self, key: &str) -> bool {
+        self.routes
+            .lock()
+            .expect("wakers mutex")
+            .get(key)
+            .is_some_and(|v| !v.is_empty())
+    }
+
+    /// A notification for `key`: wake its waiters that `target` concerns.
+    pub(crate) fn notify(&self, key: &str, target: &str) {
+        let routes = self.routes.lock().expect("wakers mutex");
+        for route in routes.get(key).into_iter().flatten() {
+            let concerned = target == "*"
+                || match &route.waiter {
+                    None => true,
+                    Some(w) => **w == *target,
+                };
+            if concerned {
+                route.tx.send_modify(|n| *n += 1);
+            }
+        }
+    }
+
+    /// The notifications may have been lost: wake everybody.
+    pub(crate) fn notify_all(&self) {
+        let routes = self.routes.lock().expect("wakers mutex");
+        for route in routes.values().flatten() {
+            route.tx.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn remove(&self, key: &str, id: u64) {
+        let emptied = {
+            let mut routes = self.routes.lock().expect("wakers mutex");
+            let Some(list) = routes.get_mut(key) else {
+                return;
+            };
+            list.retain(|r| r.id != id);
+            let empty = list.is_empty();
+            if empty {
+                routes.remove(key);
+            }
+            empty
+        };
+        if emptied {
+            if let Some(f) = &self.on_empty {
+                f(key);
+            }
+        }
+    }
+}
+
+/// One waiter's registration; dropping it unregisters.
+pub(crate) struct Registration {
+    wakers: Arc<Wakers>,
+    key: String,
+    id: u64,
+    rx: watch::Receiver<u64>,
+}
+
+impl Registration {
+    /// Mark every notification so far as seen. Call before each try.
+    pub(crate) fn arm(&mut self) {
+        self.rx.borrow_and_update();
+    }
+
+    /// Wait for a notification after the last [`arm`](Self::arm), or for
+    /// `bound`. True when a notification came.
+    pub(crate) async fn wait(&mut self, bound: Duration) -> bool {
+        tokio::select! {
+            changed = self.rx.changed() => changed.is_ok(),
+            _ = tokio::time::sleep(bound) => false,
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.wakers.remove(&self.key, self.id);
+    }
+}
+
+/// The counters behind [`WaitStats`].
+#[derive(Debug, Default)]
+pub(crate) struct WaitCounters {
+    tries: std::sync::atomic::AtomicU64,
+    notified: std::sync::atomic::AtomicU64,
+    timed_out: std::sync::atomic::AtomicU64,
+}
+
+impl WaitCounters {
+    pub(crate) fn snapshot(&self) -> WaitStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        WaitStats {
+            tries: self.tries.load(Relaxed),
+            notified: self.notified.load(Relaxed),
+            timed_out: self.timed_out.load(Relaxed),
+        }
+    }
+
+    fn count(counter: &std::sync::atomic::AtomicU64) {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// What one grant attempt of a notified lock answered.
+pub(crate) enum Try {
+    Granted(Lease),
+    /// Refused. The service said how long at most to wait before trying
+    /// again if no notification comes (the holder's remaining lease, or the
+    /// place of the waiter ahead; the backend caps it at its fallback poll).
+    Refused(Duration),
+}
+
+/// How a waiter of a notified lock waits between tries.
+pub(crate) trait Waiter: Send {
+    /// Whether to try once more right after [`wait_for_grant`] set the waiter
+    /// up: true when setting up is a subscription, which must come before the
+    /// try whose refusal a wait follows, or a release between that try and
+    /// the subscription would be missed.
+    const TRY_AFTER_SETUP: bool;
+
+    /// Mark the notifications so far as seen; called right before each try.
+    fn arm(&mut self);
+
+    /// Wait for a notification, or `bound`. True when notified.
+    fn wait(
+        &mut self,
+        bound: Duration,
+    ) -> impl std::future::Future<Output = Result<bool, LockError>> + Send;
+}
+
+/// The loop of a notified lock, as Redisson's `RedissonLock.lock` runs it:
+/// try; on a refusal set the waiter up (subscribe) and try again; then wait
+/// for a notification or the bound the refusal gave, and try again; until
+/// granted or `wait` runs out. The first try goes out before any setup, so an
+/// uncontended acquire costs one round trip.
+pub(crate) async fn wait_for_grant<W, T, TF, S, SF>(
+    name: &str,
+    wait: Duration,
+    counters: &WaitCounters,
+    mut attempt: T,
+    setup: S,
+) -> Result<Lease, LockError>
+where
+    W: Waiter,
+    T: FnMut() -> TF,
+    TF: std::future::Future<Output = Result<Try, LockError>>,
+    S: FnOnce() -> SF,
+    SF: std::future::Future<Output = W>,
+{
+    let start = Instant::now();
+    let deadline = start + wait;
+    let timeout = |now: Instant| LockError::Timeout {
+        name: name.to_string(),
+        waited: now - start,
+    };
+    WaitCounters::count(&counters.tries);
+    let mut bound = match attempt().await? {
+        Try::Granted(lease) => return Ok(lease),
+        Try::Refused(bound) => bound,
+    };
+    if Instant::now() >= deadline {
+        return Err(timeout(Instant::now()));
+    }
+    let mut waiter = setup().await;
+    let mut try_now = W::TRY_AFTER_SETUP;
+    loop {
+        if try_now {
+            waiter.arm();
+            WaitCounters::count(&counters.tries);
+            match attempt().await? {
+                Try::Granted(lease) => return Ok(lease),
+                Try::Refused(b) => bound = b,
+            }
+        }
+        try_now = true;
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(timeout(now));
+        }
+        let bound = bound.max(Duration::from_millis(1)).min(deadline - now);
+        if waiter.wait(bound).await? {
+            WaitCounters::count(&counters.notified);
+        } else {
+            WaitCounters::count(&counters.timed_out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_targeted_message_wakes_only_its_waiter_and_the_non_fair_ones() {
+        let wakers = Arc::new(Wakers::default());
+        let mut a = wakers.register("k", Some("a".into()));
+        let mut b = wakers.register("k", Some("b".into()));
+        let mut any = wakers.register("k", None);
+        let mut other = wakers.register("other", None);
+        for r in [&mut a, &mut b, &mut any, &mut other] {
+            r.arm();
+        }
+        wakers.notify("k", "a");
+        let bound = Duration::from_millis(10);
+        assert!(a.wait(bound).await);
+        assert!(!b.wait(bound).await);
+        assert!(any.wait(bound).await);
+        assert!(!other.wait(bound).await);
+        wakers.notify("k", "*");
+        assert!(b.wait(bound).await);
+        wakers.notify_all();
+        assert!(other.wait(bound).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_between_arm_and_wait_is_not_missed() {
+        let wakers = Arc::new(Wakers::default());
+        let mut a = wakers.register("k", None);
+        a.arm();
+        wakers.notify("k", "*"); // while the waiter was trying
+        assert!(a.wait(Duration::from_secs(3600)).await);
+        a.arm();
+        assert!(!a.wait(Duration::from_millis(1)).await, "seen once");
+    }
+
+    #[test]
+    fn the_last_waiter_leaving_calls_on_empty() {
+        let left = Arc::new(Mutex::new(vec![]));
+        let wakers = Arc::new(Wakers::with_on_empty(Box::new({
+            let left = left.clone();
+            move |k: &str| left.lock().unwrap().push(k.to_string())
+        })));
+        let a = wakers.register("k", None);
+        let b = wakers.register("k", None);
+        drop(a);
+        assert!(wakers.has("k"));
+        drop(b);
+        assert!(!wakers.has("k"));
+        assert_eq!(*left.lock().unwrap(), vec!["k".to_string()]);
+    }
+}
