@@ -577,7 +577,7 @@ async fn workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(back
                 if let Some(who) = client_id {
                     h.push(("Client-Id", who));
                 }
-                let reply = if round % 2 == 0 {
+                let reply = if round.is_multiple_of(2) {
                     mallory.put(PAGE, "forged by mallory", &headers(&h)).await
                 } else {
                     mallory.get(PAGE, &headers(&h)).await
