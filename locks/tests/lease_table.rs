@@ -90,14 +90,17 @@ impl Db {
         .unwrap();
     }
 
-    /// Wait (bounded) until `n` waiters block in the server: on MariaDB in
-    /// `GET_LOCK` on a bell; on PostgreSQL (nothing blocks there) at once.
+    /// Wait (bounded) until `n` waiters on this database block in the
+    /// server: on MariaDB in `GET_LOCK` on a bell (the server is shared by
+    /// the tests running in parallel, so only this database's count); on
+    /// PostgreSQL (nothing blocks there) at once.
     async fn wait_blocked(&self, n: i64) {
         let Db::MySql(p, _) = self else { return };
         harness::wait_until(Duration::from_secs(10), || async {
             let blocked: i64 = sqlx::query_scalar(
                 "select count(*) from information_schema.processlist \
-                  where info like '%is_free_lock%' and state = 'User lock'",
+                  where db = database() and info like '%is_free_lock%' \
+                    and state = 'User lock'",
             )
             .fetch_one(p)
             .await
