@@ -19,6 +19,8 @@
 //!   their own network namespace, so that one can be cut off ([`netns`]).
 //! - [`sentinel`]: a Redis master, its replica and three sentinels.
 //! - [`stack`]: `scripts/stack`, the whole demo topology, on free ports.
+//! - [`transcript`]: the README's checked ```` ```console ```` transcripts and
+//!   the checker that runs them (against `scripts/stack` or the containers).
 //! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
 
 pub mod haproxy;
@@ -30,6 +32,7 @@ pub mod redis;
 pub mod replication;
 pub mod sentinel;
 pub mod stack;
+pub mod transcript;
 pub mod worker_proc;
 pub mod zookeeper;
 pub mod zookeeper_hosts;
