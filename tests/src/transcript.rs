@@ -23,27 +23,34 @@ pub struct Block {
     pub lines: Vec<String>,
 }
 
-/// Every fenced (```` ``` ````) block of `markdown`, in order.
+/// Every fenced (```` ``` ````) block of `markdown`, in order. As in
+/// CommonMark, a fence is a line of three or more backticks, and an opening
+/// one's info string has no backtick: a line of prose that starts with
+/// inline code (```` ```` ```sh ```` ```` ````) opens nothing.
 pub fn blocks(markdown: &str) -> Vec<Block> {
     let mut blocks = Vec::new();
-    let mut open: Option<Block> = None;
+    let mut open: Option<(usize, Block)> = None;
     for (i, line) in markdown.lines().enumerate() {
-        let trimmed = line.trim_start();
-        if trimmed.starts_with("```") {
-            match open.take() {
-                Some(block) => blocks.push(block),
-                None => {
-                    open = Some(Block {
-                        info: trimmed.trim_start_matches('`').trim().to_owned(),
+        let trimmed = line.trim();
+        let ticks = trimmed.len() - trimmed.trim_start_matches('`').len();
+        let info = &trimmed[ticks..];
+        match open.take() {
+            Some((fence, block)) if ticks >= fence && info.is_empty() => blocks.push(block),
+            Some((fence, mut block)) => {
+                block.lines.push(line.to_owned());
+                open = Some((fence, block));
+            }
+            None if ticks >= 3 && !info.contains('`') => {
+                open = Some((
+                    ticks,
+                    Block {
+                        info: info.trim().to_owned(),
                         line: i + 2,
                         lines: Vec::new(),
-                    })
-                }
+                    },
+                ))
             }
-            continue;
-        }
-        if let Some(block) = open.as_mut() {
-            block.lines.push(line.to_owned());
+            None => {}
         }
     }
     blocks
@@ -397,6 +404,16 @@ mod tests {
                 .into())
             .is_err()
         );
+    }
+
+    #[test]
+    fn prose_starting_with_inline_code_opens_no_block() {
+        let md = "```` ```sh ```` blocks are run\n```console\n$ curl x\nout\n```\n";
+        let found = blocks(md);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].info, "console");
+        assert_eq!(found[0].lines, ["$ curl x", "out"]);
+        assert_eq!(console_steps(md).len(), 1);
     }
 
     #[test]

@@ -1539,3 +1539,39 @@ fn the_image_ships_stripped_binaries_and_no_tls_it_cannot_use() {
         }
     }
 }
+
+#[test]
+fn every_down_in_the_readme_removes_the_profiles_and_the_volumes() {
+    // `down` alone leaves the containers of profiles it was not given
+    // (straggler, redlock-N) and the anonymous volumes of the databases'
+    // images: the README's "a fresh one again" needs every profile and -v.
+    let compose = compose();
+    let profiles: BTreeSet<String> = services(&compose)
+        .values()
+        .filter_map(|s| s.get("profiles").and_then(Value::as_sequence))
+        .flatten()
+        .map(scalar)
+        .collect();
+    assert!(profiles.contains("demo") && profiles.contains("redlock"));
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
+    let downs: Vec<String> = harness::transcript::blocks(&readme)
+        .into_iter()
+        .filter(|b| b.info == "sh")
+        .flat_map(|b| b.lines)
+        .filter(|l| l.starts_with("docker compose ") && l.contains(" down"))
+        .collect();
+    assert!(!downs.is_empty(), "the README says how to take the demo down");
+    for down in &downs {
+        let words: Vec<&str> = down.split(" #").next().unwrap().split_whitespace().collect();
+        for profile in &profiles {
+            assert!(
+                words.windows(2).any(|w| w == ["--profile", profile.as_str()]),
+                "`{down}` leaves the containers of profile {profile}"
+            );
+        }
+        assert!(
+            words.contains(&"-v") || words.contains(&"--volumes"),
+            "`{down}` leaves the anonymous volumes (the data of postgres, mariadb, zookeeper)"
+        );
+    }
+}

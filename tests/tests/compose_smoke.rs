@@ -367,6 +367,7 @@ fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
     }
     let up_took = smoke.started.elapsed();
     smoke.note(&format!("up returned after {} s", up_took.as_secs()));
+    check_binaries_are_stripped(&smoke);
 
     let step = "every service healthy";
     let services = smoke.services();
@@ -384,6 +385,19 @@ fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
             .collect();
         if waiting.is_empty() {
             break;
+        }
+        // Unhealthy is final (its retries are spent), as is exited.
+        let failed: Vec<&str> = states
+            .iter()
+            .filter(|(_, state, health)| state == "exited" || health == "unhealthy")
+            .map(|(service, _, _)| service.as_str())
+            .collect();
+        if !failed.is_empty() {
+            smoke.fail(
+                step,
+                &failed,
+                &format!("unhealthy or exited: {failed:?}\n{states:?}"),
+            );
         }
         if Instant::now() > deadline {
             let names: Vec<&str> = waiting.iter().map(String::as_str).collect();
@@ -504,6 +518,45 @@ fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
         up_took.as_secs(),
         smoke.started.elapsed().as_secs()
     ));
+}
+
+/// The image compose built ships stripped binaries: no symbol table, no
+/// debug info (issue 16), checked with readelf on copies taken out of it.
+fn check_binaries_are_stripped(smoke: &Smoke) {
+    let step = "the image's binaries are stripped";
+    let dir = state_dir().join("binaries");
+    std::fs::create_dir_all(&dir).expect("create the binaries dir");
+    let name = format!("{}-binaries", smoke.project);
+    smoke.podman(&["rm", "-f", &name]);
+    smoke.podman(&["create", "--name", &name, "fencing-tokens:dev"]);
+    let mut sizes = Vec::new();
+    for binary in ["gateway", "worker"] {
+        let copy = dir.join(binary);
+        let _ = std::fs::remove_file(&copy);
+        smoke.podman(&[
+            "cp",
+            &format!("{name}:/usr/local/bin/{binary}"),
+            &copy.display().to_string(),
+        ]);
+        let sections = Smoke::command("readelf")
+            .args(["-S", "-W"])
+            .arg(&copy)
+            .output()
+            .expect("run readelf (binutils)");
+        let sections = String::from_utf8_lossy(&sections.stdout);
+        let size = std::fs::metadata(&copy).map(|m| m.len()).unwrap_or(0);
+        if size == 0 || sections.contains(".symtab") || sections.contains(".debug_") {
+            smoke.podman(&["rm", "-f", &name]);
+            smoke.fail(
+                step,
+                &[],
+                &format!("/usr/local/bin/{binary} ({size} bytes) is not stripped:\n{sections}"),
+            );
+        }
+        sizes.push(format!("{binary} {:.1} MB", size as f64 / 1e6));
+    }
+    smoke.podman(&["rm", "-f", &name]);
+    smoke.note(&format!("stripped: {}", sizes.join(", ")));
 }
 
 /// Run one of the README's sh blocks as written, then check what it shows.
