@@ -1560,12 +1560,22 @@ fn every_down_in_the_readme_removes_the_profiles_and_the_volumes() {
         .flat_map(|b| b.lines)
         .filter(|l| l.starts_with("docker compose ") && l.contains(" down"))
         .collect();
-    assert!(!downs.is_empty(), "the README says how to take the demo down");
+    assert!(
+        !downs.is_empty(),
+        "the README says how to take the demo down"
+    );
     for down in &downs {
-        let words: Vec<&str> = down.split(" #").next().unwrap().split_whitespace().collect();
+        let words: Vec<&str> = down
+            .split(" #")
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
         for profile in &profiles {
             assert!(
-                words.windows(2).any(|w| w == ["--profile", profile.as_str()]),
+                words
+                    .windows(2)
+                    .any(|w| w == ["--profile", profile.as_str()]),
                 "`{down}` leaves the containers of profile {profile}"
             );
         }

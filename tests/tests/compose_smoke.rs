@@ -386,7 +386,8 @@ fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
         if waiting.is_empty() {
             break;
         }
-        // Unhealthy is final (its retries are spent), as is exited.
+        // Unhealthy: its retries are spent. Docker would go on checking, but
+        // nothing waits for a recovery at start-up: fail now, as for exited.
         let failed: Vec<&str> = states
             .iter()
             .filter(|(_, state, health)| state == "exited" || health == "unhealthy")
