@@ -357,11 +357,10 @@ pub mod tutorial {
     pub const UNAUTHORIZED: &str = r#"{"error":"unauthorized","message":"this gateway requires an API key for writes and fenced requests: send Authorization: Bearer <key>"}"#;
     pub const TOKEN_NOT_CURRENT: &str = r#"{"error":"token_not_current","holder_token":2,"issuer":"redis","message":"issuer \"redis\" says lock \"page:tutorial\" is held with token 2, not 1","offered_token":1}"#;
     pub const CLIENT_ID_MISMATCH: &str = r#"{"client_id":"bob","error":"client_id_mismatch","message":"Client-Id \"alice\" is not the client of this API key (\"bob\"); omit Client-Id or send the key's client"}"#;
-    pub const ISSUER_UNAVAILABLE: &str = r#"{"error":"issuer_unavailable","issuer":"redis","message":"the lock service \"redis\" that issued this token cannot be asked right now, so the token cannot be checked; retry later"}"#;
     pub const STALE_TOKEN: &str = r#"{"current_token":2,"error":"stale_token","issuer":"redis","message":"fencing token 1 is older than the page's fence 2","offered_token":1}"#;
 
     /// Every line above, for the test.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 10] = [
         PAGE_CREATED,
         PAGE_UPDATED,
         FENCE_SET,
@@ -371,7 +370,6 @@ pub mod tutorial {
         UNAUTHORIZED,
         TOKEN_NOT_CURRENT,
         CLIENT_ID_MISMATCH,
-        ISSUER_UNAVAILABLE,
         STALE_TOKEN,
     ];
 }
@@ -382,7 +380,6 @@ fn tutorial_error(code: ErrorCode) -> Option<&'static str> {
         ErrorCode::Unauthorized => tutorial::UNAUTHORIZED,
         ErrorCode::TokenNotCurrent => tutorial::TOKEN_NOT_CURRENT,
         ErrorCode::ClientIdMismatch => tutorial::CLIENT_ID_MISMATCH,
-        ErrorCode::IssuerUnavailable => tutorial::ISSUER_UNAVAILABLE,
         ErrorCode::StaleToken => tutorial::STALE_TOKEN,
         _ => return None,
     })

@@ -1024,17 +1024,31 @@ impl HolderLookup for RedisLock {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
         async move {
-            let mut conn = self.inner.connection().await?;
             let get = holder_command(name);
-            let fields: HolderFields =
+            let mut asked_again = false;
+            loop {
+                let mut conn = self.inner.connection().await?;
                 match tokio::time::timeout(RESPONSE_TIMEOUT, get.query_async(&mut conn)).await {
                     Err(_) => {
                         self.inner.forget();
                         return Err(LockError::unavailable(self.inner.issuer, "HMGET timed out"));
                     }
-                    Ok(r) => r.map_err(|e| self.inner.failed(e))?,
-                };
-            holder_from_fields(self.inner.issuer, fields)
+                    Ok(Ok(fields)) => return holder_from_fields(self.inner.issuer, fields),
+                    // A connection kept from before a server restart (or a
+                    // dropped link) fails on its first use. The read changes
+                    // nothing, so ask once more on a fresh connection instead
+                    // of making the caller (the gateway) refuse a write with
+                    // 503 that the server could have checked. A second
+                    // failure is the answer: the server is really away.
+                    Ok(Err(e))
+                        if !asked_again && (e.is_connection_dropped() || e.is_io_error()) =>
+                    {
+                        self.inner.forget();
+                        asked_again = true;
+                    }
+                    Ok(Err(e)) => return Err(self.inner.failed(e)),
+                }
+            }
         }
         .boxed()
     }

@@ -241,6 +241,30 @@ async fn holder_lookup_names_the_client_and_token() {
 }
 
 #[tokio::test]
+async fn the_first_holder_lookup_after_a_restart_is_answered_not_refused() {
+    let mut redis = Redis::start().await;
+    let svc = service(&redis).await.with_client_id("alice").unwrap();
+    // No watchdog: nothing but the lookup may touch the kept connection.
+    let opts = AcquireOptions::new(Duration::from_secs(30)).auto_renew(false);
+    let lease = svc.acquire_with("page", opts).await.unwrap();
+    let token = lease.token().unwrap();
+    assert_eq!(
+        svc.current_holder("page").await.unwrap().map(|h| h.token),
+        Some(token),
+        "the lookup's connection is open before the restart"
+    );
+    // Without persistence the restart forgets the lock: nobody holds it. The
+    // lookup's kept connection is dead; the first lookup must still answer.
+    redis.restart().await;
+    assert_eq!(
+        svc.current_holder("page").await,
+        Ok(None),
+        "the first lookup after a restart reconnects and answers"
+    );
+    drop(lease);
+}
+
+#[tokio::test]
 async fn dropped_lease_is_released_in_the_background() {
     let redis = Redis::start().await;
     contract::dropped_lease_is_released_in_the_background(&service(&redis).await, "page").await;

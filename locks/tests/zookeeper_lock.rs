@@ -636,3 +636,48 @@ async fn dropped_lease_is_released_in_the_background() {
     )
     .await;
 }
+
+/// A holder connected only to a follower that is cut off from the leader must
+/// stop trusting its lease before the majority hands the lock to the next
+/// client: its renewals go through the leader (`sync`), so the cut follower
+/// cannot vouch for a session the leader has expired. Without the `sync` the
+/// follower answers the renewal's `exists` from its own state until its link
+/// to the leader times out (`syncLimit` ticks, past the session timeout), and
+/// the first holder still trusts its lease when the second one is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_partitioned_follower_stops_trusting_its_lease_before_the_next_grant() {
+    let mut hosts = harness::ZooKeeperHosts::start().await;
+    let leader = hosts.leader().await.expect("a leader");
+    let cut = (leader + 1) % hosts.len();
+    assert_eq!(hosts.mode(cut).await.as_deref(), Some("follower"));
+    let a = connect(&hosts.connect_string_to(cut))
+        .await
+        .with_client_id("a")
+        .unwrap();
+    let b = connect(&hosts.connect_string_to(leader))
+        .await
+        .with_client_id("b")
+        .unwrap();
+    let held = a
+        .acquire("partitioned", SESSION, Duration::ZERO)
+        .await
+        .expect("a is granted the lock");
+    assert!(!held.is_lost());
+
+    hosts.partition(cut).expect("cut the follower off");
+    let next = b
+        .acquire("partitioned", SESSION, Duration::from_secs(30))
+        .await
+        .expect("the majority expires a's session and grants b the lock");
+    // `is_lost` compares the lease's trust deadline with the clock itself,
+    // whatever its watchdog task managed to do meanwhile.
+    let a_lost_at_grant = held.is_lost();
+    hosts.heal().expect("heal");
+    assert!(next.token() > held.token());
+    assert!(
+        a_lost_at_grant,
+        "b was granted the lock while a still trusted its lease (reason so far: {:?})",
+        held.lost_reason()
+    );
+    next.release().await.unwrap();
+}

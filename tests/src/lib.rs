@@ -21,6 +21,8 @@
 //!   loses one reply (or sends one request twice) on purpose.
 //! - [`sentinel`]: a Redis master, its replica and three sentinels.
 //! - [`stack`]: `scripts/stack`, the whole demo topology, on free ports.
+//! - [`transcript`]: the README's checked ```` ```console ```` transcripts and
+//!   the checker that runs them (against `scripts/stack` or the containers).
 //! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
 //! - [`python`]: Python tools (schemathesis, the benchmark's peers) in venvs under `target/`.
 
@@ -34,6 +36,7 @@ pub mod redis;
 pub mod replication;
 pub mod sentinel;
 pub mod stack;
+pub mod transcript;
 pub mod worker_proc;
 pub mod zookeeper;
 pub mod zookeeper_hosts;

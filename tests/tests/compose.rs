@@ -16,7 +16,16 @@
 //! - trust: both gateways require keys from demo/api-keys, every worker sends
 //!   its own client's key, the fenced gateway checks tokens with all five lock
 //!   services (the same ones the workers use) and the unfenced one with none,
-//!   and the gateways are published on 127.0.0.1 only.
+//!   and the gateways are published on 127.0.0.1 only;
+//! - wiring (issue 16): every host a URL or address names is a service of
+//!   compose.yaml and its port one that service listens on; every image is
+//!   pinned to a full patch release; the workers run under `init: true`;
+//!   ZooKeeper's tick time allows the workers' session timeout; each
+//!   healthcheck asks the service's own port; an exported `BACKEND` reaches
+//!   the straggler; the image is stripped and has no TLS stack to offer.
+//!
+//! scripts/compose-smoke (tests/tests/compose_smoke.rs) runs all of this for
+//! real, with podman.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -230,10 +239,9 @@ fn every_service_is_pinned_healthchecked_and_waits_for_healthy_dependencies() {
         let image = service.get("image").and_then(Value::as_str);
         if service.get("build").is_none() {
             let image = image.unwrap_or_else(|| panic!("{name} has neither build nor image"));
-            let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
             assert!(
-                tag.chars().next().is_some_and(|c| c.is_ascii_digit()) && tag.contains('.'),
-                "{name}: image {image} is not pinned to a version"
+                pinned_to_a_patch_release(image),
+                "{name}: image {image} is not pinned to a full patch release"
             );
         }
         let test = service
@@ -1014,4 +1022,566 @@ fn balancer_configuration_is_valid_for_haproxy() {
         "haproxy -c rejects demo/haproxy/haproxy.cfg:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+// ---- Issue 16: wiring, pinning, init, tick time, healthchecks ----------------
+
+/// Whether `image` names a full patch release: `NAME:X.Y.Z` with an optional
+/// `-variant` (`-bookworm`), or `X.Y` for PostgreSQL, whose releases have two
+/// numbers since version 10. Not `latest`, `15`, `7.0` or `3.8`.
+fn pinned_to_a_patch_release(image: &str) -> bool {
+    let Some((name, tag)) = image.rsplit_once(':') else {
+        return false;
+    };
+    let version = tag.split_once('-').map_or(tag, |(v, _)| v);
+    let parts: Vec<&str> = version.split('.').collect();
+    let numeric = parts
+        .iter()
+        .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    let wanted = if name.rsplit('/').next() == Some("postgres") {
+        2
+    } else {
+        3
+    };
+    numeric && parts.len() >= wanted
+}
+
+#[test]
+fn pinning_means_a_full_patch_release() {
+    for good in [
+        "postgres:15.18-bookworm",
+        "redis:8.10.2-trixie",
+        "zookeeper:3.8.7",
+        "mariadb:10.11.19",
+        "haproxy:2.6.33",
+        "rust:1.95.0-bookworm",
+    ] {
+        assert!(pinned_to_a_patch_release(good), "{good}");
+    }
+    for bad in [
+        "redis:7.0",
+        "zookeeper:3.8",
+        "postgres:15",
+        "postgres:15-bookworm",
+        "haproxy:lts",
+        "mariadb",
+        "redis:7.x.1",
+        "redis:latest",
+    ] {
+        assert!(!pinned_to_a_patch_release(bad), "{bad}");
+    }
+}
+
+#[test]
+fn the_builder_image_is_pinned_too() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("read Dockerfile");
+    let builder = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("FROM rust:"))
+        .expect("the Dockerfile builds FROM rust:<version>");
+    let image = format!("rust:{}", builder.split_whitespace().next().unwrap());
+    assert!(pinned_to_a_patch_release(&image), "{image}");
+}
+
+/// The default port of a URL scheme, where a URL leaves it out.
+fn default_port(scheme: &str) -> u16 {
+    match scheme {
+        "http" => 80,
+        "redis" => 6379,
+        "redis-sentinel" => 26379,
+        "postgres" | "postgresql" => 5432,
+        "mysql" => 3306,
+        "zookeeper" => 2181,
+        other => panic!("no default port for {other}://"),
+    }
+}
+
+/// `host:port` pairs of a comma-separated list (`zk1:2181,zk2:2181`).
+fn host_list(list: &str, default: u16) -> Vec<(String, u16)> {
+    list.split(',')
+        .map(|hp| match hp.rsplit_once(':') {
+            Some((h, p)) => (
+                h.to_owned(),
+                p.parse().unwrap_or_else(|_| panic!("port of {hp}")),
+            ),
+            None => (hp.to_owned(), default),
+        })
+        .collect()
+}
+
+/// The hosts and ports a URL names: `scheme://[user@]h:p[,h:p]/...`.
+fn url_endpoints(url: &str) -> Vec<(String, u16)> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .unwrap_or_else(|| panic!("{url} is not a URL"));
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    host_list(hosts, default_port(scheme))
+}
+
+/// The servers a variable names (none for GATEWAY_LISTEN, an address to bind).
+fn endpoints(name: &str, value: &str) -> Vec<(String, u16)> {
+    match name {
+        "GATEWAY_LISTEN" => Vec::new(),
+        "ZOOKEEPER_CONNECT" => host_list(value, 2181),
+        "REDIS_SENTINELS" => host_list(value, 26379),
+        "REDLOCK_URLS" => value.split(',').flat_map(url_endpoints).collect(),
+        "GATEWAY_ISSUERS" => value
+            .split_whitespace()
+            .flat_map(|entry| url_endpoints(entry.split_once('=').expect("name=url").1))
+            .collect(),
+        _ => url_endpoints(value),
+    }
+}
+
+/// A service's command as one string (list or shell form).
+fn command_text(service: &Value) -> String {
+    match service.get("command") {
+        Some(Value::Sequence(words)) => words.iter().map(scalar).collect::<Vec<_>>().join(" "),
+        Some(other) => scalar(other),
+        None => String::new(),
+    }
+}
+
+/// The port after `marker` in `text` (`port 26379`, `--port 6380`).
+fn port_after(text: &str, marker: &str) -> Option<u16> {
+    let at = text.find(marker)? + marker.len();
+    let digits: String = text[at..]
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// The ports a service listens on, from its settings: our gateways' listen
+/// address, the balancer's `bind` lines, a sentinel's `port`, a ZooKeeper
+/// server's client port in ZOO_SERVERS, and the images' defaults otherwise.
+fn service_ports(services: &BTreeMap<String, Value>, name: &str) -> BTreeSet<u16> {
+    let service = &services[name];
+    let env = environment(service, &BTreeMap::new());
+    if our_binary(service).as_deref() == Some("gateway") {
+        let listen = &env["GATEWAY_LISTEN"];
+        return BTreeSet::from([listen.rsplit(':').next().unwrap().parse().unwrap()]);
+    }
+    if our_binary(service).is_some() {
+        return BTreeSet::new(); // workers listen on nothing
+    }
+    let image = service["image"].as_str().expect("image");
+    let command = command_text(service);
+    let repository = image.split(':').next().unwrap();
+    match repository {
+        "postgres" => BTreeSet::from([5432]),
+        "mariadb" => BTreeSet::from([3306]),
+        "redis" => BTreeSet::from([port_after(&command, "'port ")
+            .or_else(|| port_after(&command, "--port"))
+            .unwrap_or(6379)]),
+        "zookeeper" => {
+            let me = format!("server.{}=", env["ZOO_MY_ID"]);
+            let entry = env["ZOO_SERVERS"]
+                .split_whitespace()
+                .find(|e| e.starts_with(&me))
+                .unwrap_or_else(|| panic!("{name}: ZOO_SERVERS has no {me}"));
+            let client = entry.rsplit_once(';').expect("server.N=...;clientPort").1;
+            BTreeSet::from([client.rsplit(':').next().unwrap().parse().unwrap()])
+        }
+        "haproxy" => {
+            let cfg = std::fs::read_to_string(repo().join("demo/haproxy/haproxy.cfg")).unwrap();
+            cfg.lines()
+                .filter_map(|l| l.trim().strip_prefix("bind :"))
+                .map(|p| p.trim().parse().unwrap())
+                .collect()
+        }
+        other => panic!("{name}: no rule for the ports of image {other}"),
+    }
+}
+
+/// Every place compose.yaml names another service by host and port, checked:
+/// the host is a service, and the port one it listens on. Returns what is wrong.
+fn wiring_errors(compose: &Value) -> Vec<String> {
+    let services = services(compose);
+    let mut errors = Vec::new();
+    let check = |errors: &mut Vec<String>, from: &str, what: &str, host: &str, port: u16| {
+        if !services.contains_key(host) {
+            errors.push(format!(
+                "{from}: {what} names {host}:{port}, and compose.yaml has no service {host}"
+            ));
+        } else if !service_ports(&services, host).contains(&port) {
+            errors.push(format!(
+                "{from}: {what} names {host}:{port}, and {host} listens on {:?}",
+                service_ports(&services, host)
+            ));
+        }
+    };
+    for (name, service) in &services {
+        let env = environment(service, &BTreeMap::new());
+        for (var, value) in &env {
+            if CONNECTION_VARS.contains(&var.as_str()) {
+                for (host, port) in endpoints(var, value) {
+                    check(&mut errors, name, var, &host, port);
+                }
+            }
+        }
+        if let (Some(host), Some(port)) = (env.get("PRIMARY_HOST"), env.get("PRIMARY_PORT")) {
+            check(
+                &mut errors,
+                name,
+                "PRIMARY_HOST",
+                host,
+                port.parse().unwrap(),
+            );
+        }
+        if let Some(servers) = env.get("ZOO_SERVERS") {
+            for entry in servers.split_whitespace() {
+                let (id, rest) = entry.split_once('=').expect("server.N=host:...");
+                let (host, ports) = rest.split_once(':').expect("host:peer:election;client");
+                let id = id.strip_prefix("server.").expect("server.N");
+                let client = ports.rsplit(';').next().unwrap();
+                let client: u16 = client.rsplit(':').next().unwrap().parse().unwrap();
+                check(&mut errors, name, "ZOO_SERVERS", host, client);
+                let their_id = services
+                    .get(host)
+                    .map(|s| environment(s, &BTreeMap::new()))
+                    .and_then(|e| e.get("ZOO_MY_ID").cloned());
+                if their_id.as_deref() != Some(id) {
+                    errors.push(format!(
+                        "{name}: ZOO_SERVERS says {host} is server {id}, its ZOO_MY_ID is {their_id:?}"
+                    ));
+                }
+            }
+        }
+        let command = command_text(service);
+        for marker in ["sentinel monitor mymaster ", "--replicaof "] {
+            if let Some(at) = command.find(marker) {
+                let mut words = command[at + marker.len()..].split_whitespace();
+                let host = words.next().unwrap_or("");
+                let port = words
+                    .next()
+                    .unwrap_or("")
+                    .trim_matches(|c: char| !c.is_ascii_digit())
+                    .parse()
+                    .unwrap_or(0);
+                check(&mut errors, name, marker.trim(), host, port);
+            }
+        }
+        // What is published and what is health-checked is what it listens on.
+        let own = || service_ports(&services, name);
+        for published in service
+            .get("ports")
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+        {
+            let container: u16 = scalar(published)
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            if !own().contains(&container) {
+                errors.push(format!(
+                    "{name}: publishes container port {container}, and listens on {:?}",
+                    own()
+                ));
+            }
+        }
+        let test = service
+            .get("healthcheck")
+            .and_then(|h| h.get("test"))
+            .map(|t| serde_yaml::to_string(t).unwrap())
+            .unwrap_or_default();
+        for marker in ["http://127.0.0.1:", "/dev/tcp/127.0.0.1/", "redis-cli -p "] {
+            if let Some(port) = port_after(&test, marker) {
+                if !own().contains(&port) {
+                    errors.push(format!(
+                        "{name}: its healthcheck asks port {port}, and it listens on {:?}",
+                        own()
+                    ));
+                }
+            }
+        }
+    }
+    errors
+}
+
+#[test]
+fn every_url_names_a_service_of_compose_and_a_port_it_listens_on() {
+    let compose = compose();
+    let errors = wiring_errors(&compose);
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+    // The check sees what it is there for: a misspelt service, a wrong port.
+    let broken = |service: &str, var: &str, value: &str| {
+        let mut c = compose.clone();
+        c["services"][service]["environment"][var] = Value::String(value.to_owned());
+        wiring_errors(&c)
+    };
+    let typo = broken("worker-2", "WORKER_GATEWAY", "http://balancr:8080");
+    assert!(
+        typo.iter().any(|e| e.contains("no service balancr")),
+        "{typo:?}"
+    );
+    let port = broken("worker-1", "REDIS_URL", "redis://redis:6380");
+    assert!(port.iter().any(|e| e.contains("redis:6380")), "{port:?}");
+    let issuer = broken(
+        "gateway",
+        "GATEWAY_ISSUERS",
+        "zookeeper=zookeeper://zk1:2181,zk4:2181",
+    );
+    assert!(
+        issuer.iter().any(|e| e.contains("no service zk4")),
+        "{issuer:?}"
+    );
+    let listen = broken("gateway-2", "GATEWAY_LISTEN", "0.0.0.0:8084");
+    assert!(
+        listen
+            .iter()
+            .any(|e| e.contains("publishes container port 8083")),
+        "{listen:?}"
+    );
+}
+
+#[test]
+fn url_parsing_finds_every_host_of_a_value() {
+    assert_eq!(
+        endpoints(
+            "DATABASE_URL",
+            "postgres://postgres:demo@postgres:5432,postgres-standby:5432/pages?target_session_attrs=read-write"
+        ),
+        [("postgres".to_owned(), 5432), ("postgres-standby".to_owned(), 5432)]
+    );
+    assert_eq!(
+        endpoints(
+            "GATEWAY_ISSUERS",
+            "redis-sentinel=redis-sentinel://s1:26379,s2/mymaster"
+        ),
+        [("s1".to_owned(), 26379), ("s2".to_owned(), 26379)]
+    );
+    assert_eq!(
+        endpoints("REDLOCK_URLS", "redis://a:1,redis://b"),
+        [("a".to_owned(), 1), ("b".to_owned(), 6379)]
+    );
+    assert_eq!(
+        endpoints("WORKER_GATEWAY", "http://balancer:8080"),
+        [("balancer".to_owned(), 8080)]
+    );
+    assert!(endpoints("GATEWAY_LISTEN", "0.0.0.0:8082").is_empty());
+}
+
+#[test]
+fn workers_run_under_init_so_the_straggler_can_stop_itself() {
+    let services = services(&compose());
+    let mut workers = 0;
+    for (name, service) in &services {
+        if our_binary(service).as_deref() != Some("worker") {
+            continue;
+        }
+        workers += 1;
+        assert_eq!(
+            service.get("init").and_then(Value::as_bool),
+            Some(true),
+            "{name}: without init: true the worker is PID 1, and the kernel ignores the \
+             SIGSTOP it sends itself (WORKER_STOP_SELF_AT)"
+        );
+    }
+    assert!(workers >= 5, "only {workers} workers");
+    for name in ["straggler", "straggler-unfenced"] {
+        let env = environment(&services[name], &BTreeMap::new());
+        assert_eq!(env["WORKER_STOP_SELF_AT"], "writing", "{name}");
+        assert_eq!(services[name]["restart"].as_str(), Some("no"), "{name}");
+    }
+}
+
+#[test]
+fn zookeeper_tick_time_allows_the_workers_session_timeout() {
+    use clap::Parser;
+    let services = services(&compose());
+    // ZooKeeper grants session timeouts between 2 and 20 ticks (its default
+    // minSessionTimeout and maxSessionTimeout); the worker asks for its TTL.
+    for (name, service) in &services {
+        if our_binary(service).as_deref() != Some("worker") {
+            continue;
+        }
+        let env = environment(service, &BTreeMap::new());
+        let config = worker::config::Config::try_parse_from(as_args("worker", &env)).unwrap();
+        let ttl = config.ttl.as_millis();
+        for zk in ["zk1", "zk2", "zk3"] {
+            let zk_env = environment(&services[zk], &BTreeMap::new());
+            assert!(
+                !zk_env.contains_key("ZOO_CFG_EXTRA"),
+                "{zk}: extra settings may change the session bounds; check them here"
+            );
+            let tick: u128 = zk_env["ZOO_TICK_TIME"]
+                .parse()
+                .expect("ZOO_TICK_TIME in ms");
+            assert!(
+                (2 * tick..=20 * tick).contains(&ttl),
+                "{name}: WORKER_TTL {ttl} ms is outside what {zk} grants with tickTime \
+                 {tick} ms ({} to {} ms)",
+                2 * tick,
+                20 * tick
+            );
+        }
+    }
+}
+
+#[test]
+fn every_healthcheck_asks_what_its_service_is_for() {
+    let compose = compose();
+    let services = services(&compose);
+    let test = |name: &str| -> String {
+        let test = services[name]["healthcheck"]["test"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{name}: healthcheck test is a list"));
+        let words: Vec<String> = test.iter().map(scalar).collect();
+        assert!(
+            words[0] == "CMD" || words[0] == "CMD-SHELL",
+            "{name}: healthcheck starts with CMD or CMD-SHELL"
+        );
+        words[1..].join(" ")
+    };
+    let primary_db = environment(&services["postgres"], &BTreeMap::new())["POSTGRES_DB"].clone();
+    for (name, service) in &services {
+        let env = environment(service, &BTreeMap::new());
+        let image = service.get("image").and_then(Value::as_str).unwrap_or("");
+        let got = test(name);
+        let want = match (our_binary(service).as_deref(), image.split(':').next()) {
+            (Some("gateway"), _) => {
+                let port = env["GATEWAY_LISTEN"].rsplit(':').next().unwrap().to_owned();
+                format!("curl -fsS http://127.0.0.1:{port}/healthz")
+            }
+            (Some("worker"), _) => "curl -fsS \"$$WORKER_GATEWAY/readyz\" >/dev/null".into(),
+            (_, Some("postgres")) => format!("pg_isready -U postgres -d {primary_db}"),
+            (_, Some("mariadb")) => "healthcheck.sh --connect --innodb_initialized".into(),
+            (_, Some("zookeeper")) => "zkServer.sh status".into(),
+            (_, Some("haproxy")) => "bash -c exec 3<>/dev/tcp/127.0.0.1/8080".into(),
+            (_, Some("redis")) if command_text(service).contains("redis-sentinel") => {
+                "redis-cli -p 26379 sentinel get-master-addr-by-name mymaster | grep -q .".into()
+            }
+            (_, Some("redis")) => "redis-cli ping".into(),
+            other => panic!("{name}: no expected healthcheck for {other:?}"),
+        };
+        assert_eq!(got, want, "{name}");
+    }
+    // The sentinels are asked about the master they monitor, on their port.
+    let sentinel = command_text(&services["sentinel-1"]);
+    assert!(sentinel.contains("'port 26379'") && sentinel.contains("monitor mymaster "));
+}
+
+#[test]
+fn an_exported_backend_reaches_the_straggler() {
+    // As compose interpolates: the straggler and the workers get the same
+    // backend from one BACKEND in the environment (README step 10: `export`).
+    let services = services(&compose());
+    for backend in ["redis", "lease-mysql"] {
+        let vars = BTreeMap::from([("BACKEND", backend)]);
+        for name in ["worker-1", "straggler", "straggler-unfenced"] {
+            assert_eq!(
+                environment(&services[name], &vars)["WORKER_BACKEND"],
+                backend,
+                "{name}"
+            );
+        }
+    }
+    // And as docker-compose itself resolves it, with the demo profile.
+    let Ok(version) = Command::new("docker-compose").arg("version").output() else {
+        println!("SKIPPED (docker-compose part): docker-compose is not installed");
+        return;
+    };
+    assert!(version.status.success());
+    for (backend, want) in [(Some("redis"), "redis"), (None, "zookeeper")] {
+        let mut command = Command::new("docker-compose");
+        command
+            .current_dir(repo())
+            .args(["-f", "compose.yaml", "--profile", "demo", "config"])
+            .env_remove("BACKEND");
+        if let Some(backend) = backend {
+            command.env("BACKEND", backend);
+        }
+        let out = command.output().expect("run docker-compose config");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let config: Value = serde_yaml::from_slice(&out.stdout).expect("config YAML");
+        for name in ["straggler", "straggler-unfenced", "worker-1"] {
+            assert_eq!(
+                config["services"][name]["environment"]["WORKER_BACKEND"].as_str(),
+                Some(want),
+                "{name} with BACKEND={backend:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_image_ships_stripped_binaries_and_no_tls_it_cannot_use() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("read Dockerfile");
+    let (build, runtime) = dockerfile
+        .rsplit_once("\nFROM ")
+        .expect("a build stage and a runtime stage");
+    assert!(
+        build.contains("CARGO_PROFILE_RELEASE_STRIP=symbols"),
+        "the build stage does not strip the release binaries"
+    );
+    let instructions: String = runtime
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    assert!(
+        !instructions.contains("ca-certificates"),
+        "the runtime image installs ca-certificates, and nothing in it speaks TLS"
+    );
+    // Nothing points a worker at an https:// gateway, which it refuses.
+    for (name, service) in services(&compose()) {
+        if let Some(url) = environment(&service, &BTreeMap::new()).get("WORKER_GATEWAY") {
+            assert!(url.starts_with("http://"), "{name}: {url}");
+        }
+    }
+}
+
+#[test]
+fn every_down_in_the_readme_removes_the_profiles_and_the_volumes() {
+    // `down` alone leaves the containers of profiles it was not given
+    // (straggler, redlock-N) and the anonymous volumes of the databases'
+    // images: the README's "a fresh one again" needs every profile and -v.
+    let compose = compose();
+    let profiles: BTreeSet<String> = services(&compose)
+        .values()
+        .filter_map(|s| s.get("profiles").and_then(Value::as_sequence))
+        .flatten()
+        .map(scalar)
+        .collect();
+    assert!(profiles.contains("demo") && profiles.contains("redlock"));
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
+    let downs: Vec<String> = harness::transcript::blocks(&readme)
+        .into_iter()
+        .filter(|b| b.info == "sh")
+        .flat_map(|b| b.lines)
+        .filter(|l| l.starts_with("docker compose ") && l.contains(" down"))
+        .collect();
+    assert!(
+        !downs.is_empty(),
+        "the README says how to take the demo down"
+    );
+    for down in &downs {
+        let words: Vec<&str> = down
+            .split(" #")
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        for profile in &profiles {
+            assert!(
+                words
+                    .windows(2)
+                    .any(|w| w == ["--profile", profile.as_str()]),
+                "`{down}` leaves the containers of profile {profile}"
+            );
+        }
+        assert!(
+            words.contains(&"-v") || words.contains(&"--volumes"),
+            "`{down}` leaves the anonymous volumes (the data of postgres, mariadb, zookeeper)"
+        );
+    }
 }

@@ -1,16 +1,10 @@
 //! The README's tutorial, run against the real stack so the README cannot rot.
 //!
-//! # The convention (also stated in the README)
-//! Every fenced block marked ```` ```console ```` in README.md is a checked
-//! transcript. A line starting with `$ ` is a command; the lines after it, up to
-//! the next `$ ` or the end of the block, are what it prints. In the expected
-//! output, `...` inside a line matches any text (timestamps, sizes), and a line
-//! that is exactly `...` matches any number of lines, none included. Carriage
-//! returns (curl `-i` headers) are ignored. Console blocks run `curl`, `echo`,
-//! and the `docker compose` commands that scripts/stack has too (`exec -T`,
-//! `restart`, `kill`), which the test runs with scripts/stack; other `docker
-//! compose` steps are in ```` ```sh ```` blocks because these machines have
-//! no Docker engine (compose.yaml is checked by tests/tests/compose.rs instead).
+//! # The convention
+//! Stated in the README and in `harness::transcript`, which holds the checker;
+//! `tests/tests/compose_smoke.rs` runs the same transcripts against the
+//! containers of compose.yaml. Here the `docker compose` commands run with
+//! `scripts/stack`, which has the ones console blocks use.
 //!
 //! # The stack
 //! `scripts/stack up` starts the same topology as compose.yaml from the Debian
@@ -36,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use harness::transcript;
 use tempfile::TempDir;
 
 fn repo() -> PathBuf {
@@ -184,7 +179,7 @@ impl Stack {
         let deadline = Instant::now() + timeout;
         loop {
             let got = self.sh(command);
-            if line_matches(expected, got.trim_end()) {
+            if transcript::line_matches(expected, got.trim_end()) {
                 return;
             }
             if Instant::now() > deadline {
@@ -302,226 +297,10 @@ impl Drop for Stack {
     }
 }
 
-/// One `$ command` of a console block and what it prints.
-#[derive(Debug, Clone, PartialEq)]
-struct Step {
-    line: usize,
-    command: String,
-    expected: Vec<String>,
-}
-
-/// Every command of every ```console block of `markdown`, in order.
-fn console_steps(markdown: &str) -> Vec<Step> {
-    let mut steps: Vec<Step> = Vec::new();
-    let mut in_console = false;
-    for (i, line) in markdown.lines().enumerate() {
-        let trimmed = line.trim_start();
-        if trimmed.starts_with("```") {
-            in_console = !in_console && trimmed.trim_start_matches('`').trim() == "console";
-            continue;
-        }
-        if !in_console {
-            continue;
-        }
-        if let Some(command) = line.strip_prefix("$ ") {
-            steps.push(Step {
-                line: i + 1,
-                command: command.to_owned(),
-                expected: Vec::new(),
-            });
-        } else if let Some(step) = steps.last_mut() {
-            step.expected.push(line.to_owned());
-        } else {
-            panic!(
-                "README.md:{}: console block output before any `$ ` command",
-                i + 1
-            );
-        }
-    }
-    steps
-}
-
-/// What a console line runs.
-#[derive(Debug, Clone, PartialEq)]
-struct Run {
-    /// `NAME` of `NAME=$(...)`: the output goes into `$NAME` instead.
-    capture: Option<String>,
-    command: String,
-}
-
-/// Check a console command against the convention and split off a capture.
-fn classify(command: &str) -> Result<Run, String> {
-    let (capture, inner) = match command.split_once("=$(") {
-        Some((name, rest))
-            if !name.is_empty()
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') =>
-        {
-            let inner = rest
-                .strip_suffix(')')
-                .ok_or_else(|| format!("{command}: a capture ends with `)`"))?;
-            (Some(name.to_owned()), inner)
-        }
-        _ => (None, command),
-    };
-    let allowed = inner.starts_with("curl ")
-        || inner.starts_with("echo ")
-        || inner.starts_with("docker compose exec -T ")
-        || inner.starts_with("docker compose restart ")
-        // Issue 14's steps: kill a server, freeze one, start it again
-        // (scripts/stack has each), and ask each ZooKeeper server its mode.
-        || inner.starts_with("docker compose kill ")
-        || inner.starts_with("docker compose pause ")
-        || inner.starts_with("docker compose unpause ")
-        || inner.starts_with("docker compose start ")
-        || is_exec_loop(inner);
-    if !allowed {
-        return Err(format!(
-            "{command}: console blocks run curl, echo, `docker compose exec -T` (alone or in \
-             a `for ...; do ...; done` loop), `docker compose restart|kill|pause|unpause|start` \
-             and `NAME=$(...)` of those only (use ```sh for the rest)"
-        ));
-    }
-    Ok(Run {
-        capture,
-        command: inner.to_owned(),
-    })
-}
-
-/// `for NAME in WORDS; do docker compose exec -T ...; done`: the same
-/// `exec` over several services (which ZooKeeper server leads), also as
-/// `do if docker compose exec -T ...; then ...; fi; done`, so that the loop
-/// succeeds whichever service answers (a loop's status is its last turn's).
-fn is_exec_loop(command: &str) -> bool {
-    command.starts_with("for ")
-        && (command.contains("; do docker compose exec -T ")
-            || command.contains("; do if docker compose exec -T "))
-        && command.ends_with("; done")
-        && command.matches("; do ").count() == 1
-        && !command.contains('`')
-        && !command.contains("$(")
-}
-
-/// `...` inside an expected line matches any text.
-fn line_matches(expected: &str, actual: &str) -> bool {
-    let parts: Vec<&str> = expected.split("...").collect();
-    if parts.len() == 1 {
-        return expected == actual;
-    }
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if !actual.starts_with(first)
-        || actual.len() < first.len() + last.len()
-        || !actual.ends_with(last)
-    {
-        return false;
-    }
-    let mut rest = &actual[first.len()..actual.len() - last.len()];
-    for part in &parts[1..parts.len() - 1] {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    true
-}
-
-/// Expected lines against actual lines; an expected line `...` matches any
-/// number of actual lines.
-fn output_matches(expected: &[String], actual: &[&str]) -> bool {
-    match expected.split_first() {
-        None => actual.is_empty(),
-        Some((e, rest)) if e == "..." => {
-            (0..=actual.len()).any(|skip| output_matches(rest, &actual[skip..]))
-        }
-        Some((e, rest)) => match actual.split_first() {
-            Some((a, arest)) => line_matches(e, a) && output_matches(rest, arest),
-            None => false,
-        },
-    }
-}
-
-#[test]
-fn matcher_follows_the_documented_convention() {
-    assert!(line_matches("a...c", "abbbc"));
-    assert!(line_matches(
-        "date: ...",
-        "date: Sat, 21 Nov 2026 19:30:00 GMT"
-    ));
-    assert!(!line_matches("a...c", "abd"));
-    assert!(!line_matches("abc", "abcd"));
-    assert!(line_matches(
-        r#"{"at":"...","v":1}"#,
-        r#"{"at":"2026-11-21T19:30:00Z","v":1}"#
-    ));
-    let exp = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    assert!(output_matches(
-        &exp(&["HTTP/1.1 200 OK", "...", "{}"]),
-        &["HTTP/1.1 200 OK", "a: b", "c: d", "{}"]
-    ));
-    assert!(output_matches(&exp(&["x", "...", "y"]), &["x", "y"]));
-    assert!(!output_matches(&exp(&["x", "...", "y"]), &["x", "z"]));
-    let steps = console_steps(
-        "text\n```console\n$ curl a\nout 1\nout 2\n$ curl b\n```\n```sh\n$ no\n```\n",
-    );
-    assert_eq!(steps.len(), 2);
-    assert_eq!(steps[0].command, "curl a");
-    assert_eq!(steps[0].expected, ["out 1", "out 2"]);
-    assert!(steps[1].expected.is_empty());
-
-    let run = classify("TOKEN=$(docker compose exec -T worker-1 worker lock --print token)")
-        .expect("a capture");
-    assert_eq!(run.capture.as_deref(), Some("TOKEN"));
-    assert_eq!(
-        run.command,
-        "docker compose exec -T worker-1 worker lock --print token"
-    );
-    assert_eq!(classify("curl -s x").unwrap().capture, None);
-    assert!(classify("docker compose up -d").is_err());
-    assert!(
-        classify("docker compose exec worker-1 sh").is_err(),
-        "needs -T"
-    );
-    assert!(classify("rm -rf /").is_err());
-    assert!(classify("docker compose kill zk2").is_ok());
-    assert!(classify(
-        "LEADER=$(for zk in zk1 zk2 zk3; do docker compose exec -T $zk zkServer.sh status 2>/dev/null | grep -q leader && echo $zk; done)"
-    )
-    .is_ok());
-    assert!(classify(
-        "LEADER=$(for zk in zk1 zk2 zk3; do if docker compose exec -T $zk zkServer.sh status | grep -q leader; then echo $zk; fi; done)"
-    )
-    .is_ok());
-    assert!(classify("for x in a; do rm -rf /; done").is_err());
-    assert!(classify("for x in a; do if rm -rf /; then echo; fi; done").is_err());
-    assert!(classify("for x in a; do docker compose exec -T $x ls; done; rm -rf /").is_err());
-    assert!(classify("X=$(rm -rf /)").is_err());
-    assert!(
-        classify("lower=$(curl x)").is_err(),
-        "shell variables are upper case here"
-    );
-}
-
 #[test]
 fn readme_curl_transcripts_print_what_the_readme_says() {
     let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
-    let steps = console_steps(&readme);
-    assert!(
-        steps.len() >= 6,
-        "README.md has only {} console commands: the tutorial's curl steps should be ```console blocks",
-        steps.len()
-    );
-    let mut runs = Vec::new();
-    for step in &steps {
-        let run =
-            classify(&step.command).unwrap_or_else(|e| panic!("README.md:{}: {e}", step.line));
-        assert!(
-            run.capture.is_none() || step.expected.is_empty(),
-            "README.md:{}: an assignment prints nothing, so nothing may be written under it",
-            step.line
-        );
-        runs.push(run);
-    }
+    let steps = transcript::checked_steps(&readme);
 
     let stack = Stack::up();
     // Step 1 reads the workers' page: wait until they have written it once.
@@ -532,54 +311,25 @@ fn readme_curl_transcripts_print_what_the_readme_says() {
     );
 
     let mut failures = Vec::new();
-    let mut vars: Vec<(String, String)> = Vec::new();
-    for (step, run) in steps.iter().zip(&runs) {
-        let got = stack.sh_with(&run.command, &vars);
-        if let Some(name) = &run.capture {
-            // As `NAME=$(...)` in a shell: the output, its last newlines dropped.
-            let value = got.trim_end_matches('\n').to_owned();
-            assert!(
-                !value.is_empty(),
-                "README.md:{}: `{}` printed nothing to capture",
-                step.line,
-                step.command
-            );
-            vars.retain(|(n, _)| n != name);
-            vars.push((name.clone(), value));
-            continue;
-        }
-        let got_lines: Vec<&str> = got.trim_end_matches('\n').lines().collect();
-        if !output_matches(&step.expected, &got_lines) {
-            failures.push(format!(
-                "README.md:{}: $ {}\n--- expected ---\n{}\n--- got ---\n{}",
-                step.line,
-                step.command,
-                step.expected.join("\n"),
-                got_lines.join("\n")
-            ));
+    let mut vars = transcript::Vars::default();
+    for (step, run) in &steps {
+        let result = transcript::run_step(step, run, &mut vars, |command, vars| {
+            stack.sh_with(command, vars)
+        });
+        if let Err(failure) = result {
+            failures.push(failure);
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// The acknowledged PUTs of page `demo` whose line is not in the page now.
-/// (Each edit appends `<client> #<n> token=<t>`; history first, then the
-/// page, so a PUT acknowledged in between only adds lines.)
+/// The acknowledged PUTs of page `demo` whose line is not in the page now
+/// (history first, then the page: see `transcript::lost_edits`).
 fn lost_edits(stack: &Stack) -> Vec<serde_json::Value> {
     let history = stack.history();
     let page: serde_json::Value =
         serde_json::from_str(&stack.sh("curl -sf localhost:8080/pages/demo")).expect("page JSON");
-    let body = page["body"].as_str().expect("body");
-    history
-        .into_iter()
-        .filter(|e| e["method"] == "PUT" && (e["outcome"] == "accepted" || e["outcome"] == "stale"))
-        .filter(|e| {
-            let (client, token) = (e["client_id"].as_str().unwrap_or(""), &e["token"]);
-            !body.lines().any(|l| {
-                l.starts_with(&format!("{client} #")) && l.ends_with(&format!(" token={token}"))
-            })
-        })
-        .collect()
+    transcript::lost_edits(&history, page["body"].as_str().expect("body"))
 }
 
 #[test]

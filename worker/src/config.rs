@@ -65,7 +65,8 @@ pub struct Config {
     #[arg(long, env = "WORKER_FAIR", default_value_t = true, action = clap::ArgAction::Set)]
     pub fair: bool,
 
-    /// Base URL of the gateway, e.g. http://127.0.0.1:8080.
+    /// Base URL of the gateway, e.g. http://127.0.0.1:8080 (plain HTTP: the
+    /// worker has no TLS stack, and refuses https://).
     #[arg(long, env = "WORKER_GATEWAY")]
     pub gateway: String,
 
@@ -185,6 +186,13 @@ pub enum ConfigError {
 
     #[error("invalid {what}: {detail}")]
     Invalid { what: &'static str, detail: String },
+
+    #[error(
+        "--gateway {0}: this worker speaks plain HTTP only (it is built without a TLS \
+         stack), so it cannot reach an https:// gateway; use the gateway's http:// address, \
+         or a TLS-terminating proxy next to the worker"
+    )]
+    HttpsUnsupported(String),
 }
 
 impl Config {
@@ -217,10 +225,13 @@ impl Config {
             }
             _ => {}
         }
-        if !self.gateway.starts_with("http://") && !self.gateway.starts_with("https://") {
+        if self.gateway.starts_with("https://") {
+            return Err(ConfigError::HttpsUnsupported(self.gateway.clone()));
+        }
+        if !self.gateway.starts_with("http://") {
             return Err(ConfigError::Invalid {
                 what: "--gateway",
-                detail: format!("{:?} is not an http:// or https:// URL", self.gateway),
+                detail: format!("{:?} is not an http:// URL", self.gateway),
             });
         }
         let page_ok = !self.page.is_empty()
@@ -326,6 +337,17 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn https_gateways_are_refused_because_the_worker_has_no_tls() {
+        let base = ["--backend", "redis", "--redis-url", "redis://r"];
+        let https = parse(&[&base[..], &["--gateway", "https://g:8443"]].concat());
+        let err = https.validate().unwrap_err();
+        assert_eq!(err, ConfigError::HttpsUnsupported("https://g:8443".into()));
+        assert!(err.to_string().contains("plain HTTP only"), "{err}");
+        let http = parse(&[&base[..], &["--gateway", "http://g:8080"]].concat());
+        assert_eq!(http.validate(), Ok(()));
     }
 
     #[test]

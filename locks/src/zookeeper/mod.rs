@@ -76,10 +76,14 @@
 //! The server expires a session that has not been heard from for the session
 //! timeout `T`, counted from the last request it received. So a successful round
 //! trip sent at `t` proves the session (and the node, which we check is still
-//! ours) survives until at least `t + T`. The lease is trusted for `min(ttl,
-//! 3/4 T)` from the last such proof (the renewal is an `exists` of our
-//! node), so the holder stops trusting it a quarter of `T` before the server
-//! can possibly expire it. A process frozen (SIGSTOP, GC) past that learns it
+//! ours) survives until at least `t + T`, provided the round trip reached the
+//! quorum: the renewal is a `sync` (answered by the leader) pipelined with an
+//! `exists` of our node, because a follower cut off from the leader answers
+//! reads from its own stale state until its link to the leader times out,
+//! after the leader may have expired the session and granted the lock again.
+//! The lease is trusted for `min(ttl, 3/4 T)` from the last such proof, so
+//! the holder stops trusting it a quarter of `T` before the server can
+//! possibly expire it. A process frozen (SIGSTOP, GC) past that learns it
 //! on its first [`Lease::is_lost`] after it resumes, from the deadline alone.
 //!
 //! A short disconnect inside the session timeout is not a loss: the client
@@ -435,11 +439,27 @@ impl ZkGrant {
 }
 
 impl Grant for ZkGrant {
-    /// One `exists` of our node: the answer proves the session is alive (the
-    /// server heard from us at or after the send) and the node still ours.
+    /// A `sync` and an `exists` of our node, sent together: the answer
+    /// proves the session is alive (the quorum heard from us at or after the
+    /// send) and the node still ours.
+    ///
+    /// Why the `sync`: an `exists` alone is a read that the server we are
+    /// connected to answers from its own state. A follower cut off from the
+    /// leader keeps answering reads until its link to the leader times out
+    /// (`syncLimit` ticks), while the leader has already expired our session
+    /// and granted the lock to the next waiter: the chaos row
+    /// `zookeeper-partition` measured exactly that (a renewal 1 s after the
+    /// next holder's grant). The `sync` goes through the leader, and the
+    /// server applies one session's requests in order, so the `exists` is
+    /// answered only once the leader has answered the `sync`: a partitioned
+    /// follower cannot renew a lease the majority has ended.
     fn renew(&self, ttl: Duration) -> BoxFuture<'_, Result<Duration, LockError>> {
         Box::pin(async move {
-            match self.client.check_stat(&self.node.path).await {
+            let (synced, stat) = tokio::join!(
+                self.client.sync(&self.node.path),
+                self.client.check_stat(&self.node.path)
+            );
+            match synced.and(stat) {
                 Ok(Some(stat)) if stat.czxid == self.node.czxid => {
                     Ok(ZooKeeperLock::validity_for(ttl, self.session_timeout))
                 }
