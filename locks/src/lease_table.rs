@@ -96,7 +96,7 @@
 //! A database that goes away during a hold fails the renewals; the lease's
 //! validity passes and its lost signal fires.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 #[cfg(feature = "lease-postgres")]
 use std::sync::Weak;
 use std::sync::{Arc, Mutex};
@@ -143,6 +143,9 @@ const PLACE_POLLS: u32 = 4;
 /// MariaDB: how often a waiter polls while the holder rings no bell.
 #[cfg(feature = "lease-mysql")]
 const BELL_LESS_POLL: Duration = Duration::from_millis(20);
+/// MariaDB: how many lock names a service remembers as having a row.
+#[cfg(feature = "lease-mysql")]
+const KNOWN_ROWS: usize = 4096;
 /// After the `LISTEN` connection failed, waiters poll this long before it is
 /// tried again.
 #[cfg(feature = "lease-postgres")]
@@ -244,9 +247,12 @@ pub struct Statements {
     /// but is not needed for their safety.
     pub pg_acquire_fair: String,
     /// PostgreSQL fair grant, first try: [`Statements::pg_acquire`] given
-    /// only when nobody waits (no live place in the queue). The uncontended
-    /// path of the fair lock: one index probe more than the non-fair grant.
-    /// Refused, the waiter's next tries run [`Statements::pg_acquire_fair`].
+    /// only when nobody waits (no live place in the queue); `$6` as
+    /// [`Statements::pg_acquire_fair`]. The uncontended path of the fair
+    /// lock: one index probe more than the non-fair grant. Refused, the
+    /// same statement takes the caller's place in the queue (so a waiter's
+    /// first refusal costs no second statement), and its next tries run
+    /// [`Statements::pg_acquire_fair`].
     pub pg_acquire_fair_first: String,
     /// PostgreSQL renew: `$1` name, `$2` holder, `$3` token, `$4` TTL in seconds.
     pub pg_renew: String,
@@ -279,10 +285,14 @@ pub struct Statements {
     /// the name and the holder (as waiter id) twice. The same update, which
     /// also requires that nobody waits or the caller is the first live waiter
     /// (the subquery reads the queue; the row's condition, under its lock,
-    /// keeps the grant atomic as above).
+    /// keeps the grant atomic as above). A place is live while it has not
+    /// lapsed AND its waiter's bell is held: a waiter whose connection closed
+    /// (its process died) is skipped at once, and so is the place of a holder
+    /// that released (its release let its bell go).
     pub mysql_acquire_fair: String,
     /// MySQL/MariaDB fair grant, first try: binds as
-    /// [`Statements::mysql_acquire`]; given only when nobody waits.
+    /// [`Statements::mysql_acquire`]; given only when nobody waits (no live
+    /// place).
     pub mysql_acquire_fair_first: String,
     /// MySQL/MariaDB first grant of a name: the primary key lets exactly one
     /// concurrent insert win; the others are ignored (0 rows) and retry the
@@ -292,37 +302,66 @@ pub struct Statements {
     /// MySQL/MariaDB: take the bell of a name (bind: name) after its first
     /// grant, on the connection that keeps it.
     pub mysql_ring: String,
-    /// MySQL/MariaDB: give the bell back (bind: name), when a release found
-    /// the row no longer ours.
+    /// MySQL/MariaDB: give back every user lock of the connection (the name's
+    /// bell, the waiter's own), when a release found the row no longer ours
+    /// or a waiter gave up.
     pub mysql_unring: String,
-    /// MySQL/MariaDB waiter: wait for the bell. Binds: lock-delay in µs, the
-    /// longest wait in seconds, lock-delay in µs, waiter id, name (the bell),
-    /// name (the row). Answers, read before it blocks, the holder's `token`,
-    /// whether the lease is `held` and whether the bell was free; then
-    /// whether the bell was got (`rang`; released at once); then, after the
-    /// wait, whether it is the waiter's turn (`my_turn`: it is the first live
-    /// waiter, or nobody queues). It blocks at most until the lease's
-    /// `expires_at`. (MariaDB evaluates a select list left to right.)
+    /// MySQL/MariaDB fair waiter: take or renew a place in the queue and, in
+    /// the same statement, the waiter's own bell (a user lock named by its
+    /// id, held on the waiter's connection until its release or until it
+    /// gives up). Binds: name, waiter id (twice), how long the place lasts in
+    /// µs. The bell is taken before the row is committed, so a place that
+    /// others can see belongs to a waiter that holds its bell, until that
+    /// waiter goes away.
+    pub mysql_join: String,
+    /// MySQL/MariaDB waiter: wait for the bell of the one before it. Binds:
+    /// lock-delay in µs, the longest wait in seconds, lock-delay in µs,
+    /// waiter id, name. A fair waiter (it has a place) blocks on the bell of the live
+    /// place just before its own (`pred`), or, first in line, on the name's
+    /// bell, which the holder takes with its grant; a non-fair waiter (no
+    /// place) on the name's bell. Answers, read before it blocks, the
+    /// holder's `token`, whether the lease is `held`, `pred` and whether that
+    /// bell was free; then whether the bell was got (`rang`). A waiter's bell
+    /// is let go at once (it only said that waiter went away); the name's
+    /// bell is kept by the first in line, so that its grant needs no wait
+    /// for it, and let go by the next wait if that grant was refused. It
+    /// blocks at most until the lease ends (name's bell) or the place before
+    /// lapses (a waiter's bell). (MariaDB evaluates a select list left to
+    /// right.)
     pub mysql_wait: String,
-    /// MySQL/MariaDB: take or renew a place in the queue. Binds: name, waiter
-    /// id, how long the place lasts in µs.
-    pub mysql_queue: String,
     /// MySQL/MariaDB: delete a waiter's place (binds: name, waiter id), when
     /// it was granted or gave up, and the lapsed places of the name.
     pub mysql_leave: String,
     /// MySQL/MariaDB renew: TTL in µs, name, holder, token; only while not lapsed.
     pub mysql_renew: String,
     /// MySQL/MariaDB release: name, holder, token. Keeps the row; rings the
-    /// bell (`RELEASE_LOCK`, a no-op on another connection than the grant's).
+    /// bells it holds (`RELEASE_ALL_LOCKS`: the name's, and the holder's own
+    /// if it waited, on which its successor in the queue blocks).
     pub mysql_release: String,
     /// MySQL/MariaDB holder lookup: name.
     pub mysql_holder: String,
 }
 
-/// The bell's name for the lock in column or placeholder `name`: at most 64
+/// The name's bell for the lock in column or placeholder `name`: at most 64
 /// characters whatever the lock's name, and distinct per database and table.
 fn bell(table: &str, name: &str) -> String {
     format!("concat('fencelock:', md5(concat(database(), '/{table}/', {name})))")
+}
+
+/// A fair waiter's own bell, for the waiter id in column or placeholder
+/// `waiter` (32 hex digits, random per acquire: 44 characters). It cannot be
+/// mistaken for a name's bell (`w:` is not hex).
+fn waiter_bell(waiter: &str) -> String {
+    format!("concat('fencelock:w:', {waiter})")
+}
+
+/// Whether the place `w` is live: not lapsed, and its waiter's bell held
+/// (by the database's clock and its user-lock table).
+fn live_place(w: &str) -> String {
+    format!(
+        "{w}.expires_at > now(6) and is_used_lock({}) is not null",
+        waiter_bell(&format!("{w}.waiter"))
+    )
 }
 
 impl Statements {
@@ -356,9 +395,11 @@ impl Statements {
             "
 update {t} l
    set l.token = last_insert_id(l.token + 1),
-       -- Both branches are the holder: the `if` is there to take the bell
-       -- (GET_LOCK, waiting at most 5 ms for a waiter that holds it for an
-       -- instant), and only for the row this statement grants.
+       -- Both branches are the holder: the `if` is there to take the
+       -- name's bell, and only for the row this statement grants (GET_LOCK:
+       -- at once when this connection holds it already, as the first waiter
+       -- does after its wait; else waiting at most 5 ms for a non-fair
+       -- waiter that holds it for an instant).
        l.holder = if(get_lock({bell_row}, 0.005) >= 0, ?, ?),
        l.client_id = ?,
        l.expires_at = now(6) + interval ? microsecond,
@@ -383,6 +424,12 @@ select (select token from granted) as token,
             pg_acquire_fair_first: format!(
                 "
 with granted as ({}
+),
+queued as (
+  insert into {t}_waiters (name, waiter, expires_at)
+  select $1, $2, now() + make_interval(secs => $6)
+   where $6 > 0 and not exists (select 1 from granted)
+  on conflict (name, waiter) do update set expires_at = excluded.expires_at
 )
 select (select token from granted) as token,
        {pg_held_for} as wait_secs",
@@ -471,13 +518,15 @@ select client_id, token from {t}
             mysql_acquire_fair: format!(
                 "{mysql_set}
    and coalesce((select w.waiter from {t}_waiters w
-                  where w.name = ? and w.expires_at > now(6)
-                  order by w.ticket limit 1), ?) = ?"
+                  where w.name = ? and {}
+                  order by w.ticket limit 1), ?) = ?",
+                live_place("w")
             ),
             mysql_acquire_fair_first: format!(
                 "{mysql_set}
    and not exists (select 1 from {t}_waiters w
-                    where w.name = l.name and w.expires_at > now(6))"
+                    where w.name = l.name and {})",
+                live_place("w")
             ),
             mysql_acquire: mysql_set,
             mysql_create: format!(
@@ -486,29 +535,48 @@ insert ignore into {t} (name, holder, client_id, token, expires_at, released, gr
 values (?, ?, ?, 1, now(6) + interval ? microsecond, false, now(6))"
             ),
             mysql_ring: format!("select get_lock({}, 0)", bell(t, "?")),
-            mysql_unring: format!("select release_lock({})", bell(t, "?")),
-            mysql_wait: format!(
-                "
-select l.token,
-       not l.released and l.expires_at + interval ? microsecond > now(6) as held,
-       is_free_lock(b.bell) as bell_free,
-       get_lock(b.bell, least(?, greatest(0, timestampdiff(microsecond, now(6),
-         l.expires_at + interval ? microsecond) / 1000000))) as rang,
-       release_lock(b.bell) as let_go,
-       -- After the wait: the releaser deleted its place before it rang.
-       coalesce((select w.waiter = ? from {t}_waiters w
-                  where w.name = l.name and w.expires_at > now(6)
-                  order by w.ticket limit 1), true) as my_turn
-  from {t} l, (select {} as bell) b
- where l.name = ?",
-                bell(t, "?")
-            ),
-            mysql_queue: format!(
+            mysql_unring: "select release_all_locks()".into(),
+            mysql_join: format!(
                 "
 insert into {t}_waiters (name, waiter, expires_at)
-values (?, ?, now(6) + interval ? microsecond)
-on duplicate key update expires_at = values(expires_at)"
+values (?, ?, if(get_lock({}, 0) = 1, now(6) + interval ? microsecond, null))
+on duplicate key update expires_at = values(expires_at)",
+                waiter_bell("?")
             ),
+            mysql_wait: {
+                // The bell to block on: the place before ours, or the name's.
+                // (Both as utf8mb4: the column's and the connection's
+                // character sets may differ, and `if` refuses to mix them.)
+                let b = format!(
+                    "if(p.waiter is null, convert({} using utf8mb4),
+                       convert({} using utf8mb4))",
+                    bell(t, "l.name"),
+                    waiter_bell("p.waiter")
+                );
+                format!(
+                    "
+select -- First in line, refused after its last wait: let the name's bell go.
+       if(is_used_lock({n}) = connection_id(), release_lock({n}), null) as dropped,
+       l.token,
+       not l.released and l.expires_at + interval ? microsecond > now(6) as held,
+       p.waiter as pred,
+       is_free_lock({b}) as bell_free,
+       get_lock({b}, least(?, greatest(0, timestampdiff(microsecond, now(6),
+         if(p.waiter is null,
+            l.expires_at + interval if(l.released, 0, ?) microsecond,
+            p.expires_at)) / 1000000))) as rang,
+       -- Keep the name's bell when first in line; let a waiter's go.
+       if(p.waiter is null and me.waiter is not null, 0, release_lock({b})) as let_go
+  from {t} l
+  left join {t}_waiters me on me.name = l.name and me.waiter = ?
+  left join {t}_waiters p on p.name = l.name and p.ticket = (
+       select max(w.ticket) from {t}_waiters w
+        where w.name = l.name and w.ticket < me.ticket and {live})
+ where l.name = ?",
+                    n = bell(t, "l.name"),
+                    live = live_place("w"),
+                )
+            },
             mysql_leave: format!(
                 "delete from {t}_waiters where name = ? and (waiter = ? or expires_at <= now(6))"
             ),
@@ -523,9 +591,10 @@ update {t} set expires_at = now(6) + interval ? microsecond
 update {t} l
    set l.expires_at = now(6),
        l.released = true,
-       -- Unchanged: the `if` rings the bell (RELEASE_LOCK) for the row
-       -- this statement releases, and only for it.
-       l.holder = if(release_lock({bell_row}) >= 0, l.holder, l.holder)
+       -- Unchanged: the `if` rings the bells this connection holds (the
+       -- name's, and the holder's own if it waited) for the row this
+       -- statement releases, and only for it.
+       l.holder = if(release_all_locks() >= 0, l.holder, l.holder)
  where l.name = ? and l.holder = ? and l.token = ?
    and not l.released and l.expires_at > now(6)"
             ),
@@ -616,6 +685,50 @@ create table if not exists {table}_waiters (
     }
 }
 
+/// MariaDB: run `$statement` (an `async` block using `$conn`, the
+/// acquire's connection, taken from the pool when it has none), once. On
+/// failure the connection is closed, with the bells it held (so the waiter's
+/// place is no longer live: it joins again on its next try), and the answer
+/// says whether another try can help: `Result<T, (LockError, bool)>`.
+#[cfg(feature = "lease-mysql")]
+macro_rules! on_conn_once {
+    ($table:expr, $st:expr, $pool:expr, |$conn:ident| $statement:expr) => {{
+        let st: &mut MyWait = $st;
+        let ran = async {
+            if st.conn.0.is_none() {
+                st.conn.0 = Some($pool.acquire().await.map_err(|e| $table.err(e))?);
+            }
+            let $conn: &mut sqlx::MySqlConnection =
+                &mut **st.conn.0.as_mut().expect("connection just taken");
+            $statement.await.map_err(|e| $table.err(e))
+        }
+        .await;
+        if ran.is_err() {
+            st.lost();
+        }
+        ran
+    }};
+}
+
+/// [`on_conn_once`], on another connection while the failure is one that
+/// another try can fix (see [`with_reconnect`]): `Result<T, LockError>`.
+#[cfg(feature = "lease-mysql")]
+macro_rules! on_conn {
+    ($table:expr, $st:expr, $pool:expr, |$conn:ident| $statement:expr) => {{
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match on_conn_once!($table, &mut *$st, $pool, |$conn| $statement) {
+                Ok(v) => break Ok(v),
+                Err((e, retry)) if retry && tries <= MAX_CONNECTIONS => {
+                    tracing::debug!("retrying on another connection: {e}");
+                }
+                Err((e, _)) => break Err(e),
+            }
+        }
+    }};
+}
+
 #[derive(Clone)]
 enum Pool {
     #[cfg(feature = "lease-postgres")]
@@ -641,8 +754,38 @@ pub struct LeaseTable {
 /// What the clones of a [`LeaseTable`] share besides the pool.
 struct Shared {
     counters: WaitCounters,
+    /// Statements sent (see [`LeaseTable::statements_sent`]).
+    statements: AtomicU64,
     #[cfg(feature = "lease-postgres")]
     listen: Arc<Listen>,
+    /// MariaDB: lock names whose row is known to exist, so that a refused
+    /// grant need not try to create it (at most [`KNOWN_ROWS`]; forgotten
+    /// when a wait finds no row).
+    #[cfg(feature = "lease-mysql")]
+    known_rows: Mutex<std::collections::HashSet<String>>,
+}
+
+impl Shared {
+    #[cfg(feature = "lease-mysql")]
+    fn row_known(&self, name: &str) -> bool {
+        self.known_rows.lock().expect("known rows").contains(name)
+    }
+
+    #[cfg(feature = "lease-mysql")]
+    fn know_row(&self, name: &str) {
+        let mut known = self.known_rows.lock().expect("known rows");
+        if !known.contains(name) {
+            if known.len() >= KNOWN_ROWS {
+                known.clear();
+            }
+            known.insert(name.to_string());
+        }
+    }
+
+    #[cfg(feature = "lease-mysql")]
+    fn forget_row(&self, name: &str) {
+        self.known_rows.lock().expect("known rows").remove(name);
+    }
 }
 
 impl std::fmt::Debug for LeaseTable {
@@ -748,8 +891,11 @@ impl LeaseTable {
             poll_fallback: DEFAULT_POLL_FALLBACK,
             shared: Arc::new(Shared {
                 counters: WaitCounters::default(),
+                statements: AtomicU64::new(0),
                 #[cfg(feature = "lease-postgres")]
                 listen: Arc::new(Listen::new(table)),
+                #[cfg(feature = "lease-mysql")]
+                known_rows: Mutex::default(),
             }),
         }
     }
@@ -806,6 +952,19 @@ impl LeaseTable {
         &self.sql
     }
 
+    /// How many statements this service (and its clones) sent to the
+    /// database so far: tries, places, waits, renewals, releases, lookups,
+    /// background ones included (each one round trip; not the start of
+    /// PostgreSQL's `LISTEN` connection, which is kept). For tests and
+    /// benchmarks: divided by the grants, the statements a hand-over costs.
+    pub fn statements_sent(&self) -> u64 {
+        self.shared.statements.load(Ordering::Relaxed)
+    }
+
+    fn sent(&self, n: u64) {
+        self.shared.statements.fetch_add(n, Ordering::Relaxed);
+    }
+
     fn issuer_name(&self) -> &'static str {
         match self.pool {
             #[cfg(feature = "lease-postgres")]
@@ -845,6 +1004,7 @@ impl LeaseTable {
     }
 
     async fn holder_statement(&self, name: &str) -> Result<Option<Holder>, (LockError, bool)> {
+        self.sent(1);
         let row: Option<(String, i64)> = match &self.pool {
             #[cfg(feature = "lease-postgres")]
             Pool::Postgres(pool) => sqlx::query_as(&self.sql.pg_holder)
@@ -907,7 +1067,8 @@ impl LeaseTable {
         })
     }
 
-    /// One PostgreSQL grant attempt (fair or not, in one statement).
+    /// One PostgreSQL grant attempt (fair or not, in one statement). A fair
+    /// waiter's refused try takes or renews its place in the same statement.
     #[cfg(feature = "lease-postgres")]
     async fn try_postgres(
         &self,
@@ -919,19 +1080,21 @@ impl LeaseTable {
         state: &AcquireState,
     ) -> Result<Try, LockError> {
         let requested_at = Instant::now();
-        let place = if queue {
+        let place = if self.fair && queue {
             self.place().as_secs_f64()
         } else {
             0.0
         };
         // The first try of a fair acquire (and every try of a try-lock)
-        // takes the uncontended path; a waiter's later tries queue.
-        let queueing = self.fair && queue && !state.first.swap(false, Ordering::Relaxed);
+        // takes the uncontended path; a waiter's later tries look for their
+        // own place at the head of the queue.
+        let first = state.first.swap(false, Ordering::Relaxed) || !queue;
         let (token, wait_secs): (Option<i64>, Option<f64>) = with_reconnect(|| async {
-            let q = match (self.fair, queueing) {
+            self.sent(1);
+            let q = match (self.fair, first) {
                 (false, _) => &self.sql.pg_acquire,
-                (true, false) => &self.sql.pg_acquire_fair_first,
-                (true, true) => &self.sql.pg_acquire_fair,
+                (true, true) => &self.sql.pg_acquire_fair_first,
+                (true, false) => &self.sql.pg_acquire_fair,
             };
             let mut q = sqlx::query_as(q)
                 .bind(name)
@@ -939,7 +1102,7 @@ impl LeaseTable {
                 .bind(opts.ttl.as_secs_f64())
                 .bind(self.lock_delay.as_secs_f64())
                 .bind(&*self.client_id);
-            if queueing {
+            if self.fair {
                 q = q.bind(place);
             }
             q.fetch_one(pool).await.map_err(|e| self.err(e))
@@ -953,7 +1116,7 @@ impl LeaseTable {
                 holder,
                 self.token(t)?,
                 Kept {
-                    bell: Bell::none(),
+                    bell: Bell::default(),
                     served: None,
                 },
             )),
@@ -961,9 +1124,10 @@ impl LeaseTable {
         })
     }
 
-    /// One MySQL/MariaDB grant attempt, on a connection that the lease keeps
-    /// when granted (it holds the bell). Refused and fair, the waiter's place
-    /// is taken or renewed when due (`renewed`: when it last was).
+    /// One MySQL/MariaDB grant attempt, on the acquire's connection, which
+    /// the lease keeps when granted (it holds the name's bell, and the
+    /// waiter's own if it queued). Refused and fair, the waiter takes its
+    /// place (and its own bell) when it has none, or renews it when due.
     #[cfg(feature = "lease-mysql")]
     async fn try_mysql(
         &self,
@@ -974,16 +1138,17 @@ impl LeaseTable {
         queue: bool,
         state: &AcquireState,
     ) -> Result<Try, LockError> {
-        let renewed = &state.renewed;
         let requested_at = Instant::now();
         // As in `try_postgres`: the first try takes the uncontended path.
-        let queueing = self.fair && queue && !state.first.swap(false, Ordering::Relaxed);
-        let granted = with_reconnect(|| async {
-            let mut conn = pool.acquire().await.map_err(|e| self.err(e))?;
-            let q = match (self.fair, queueing) {
+        let first = state.first.swap(false, Ordering::Relaxed) || !queue;
+        let mut st = state.my.lock().await;
+        let known = self.shared.row_known(name);
+        let granted: Option<i64> = on_conn!(self, &mut st, pool, |conn| async {
+            self.sent(1);
+            let q = match (self.fair, first) {
                 (false, _) => &self.sql.mysql_acquire,
-                (true, false) => &self.sql.mysql_acquire_fair_first,
-                (true, true) => &self.sql.mysql_acquire_fair,
+                (true, true) => &self.sql.mysql_acquire_fair_first,
+                (true, false) => &self.sql.mysql_acquire_fair,
             };
             let mut q = sqlx::query(q)
                 .bind(holder)
@@ -992,83 +1157,90 @@ impl LeaseTable {
                 .bind(micros(opts.ttl))
                 .bind(name)
                 .bind(micros(self.lock_delay));
-            if queueing {
+            if self.fair && !first {
                 q = q.bind(name).bind(holder).bind(holder);
             }
-            let updated = q.execute(&mut *conn).await.map_err(|e| self.err(e))?;
+            let updated = q.execute(&mut *conn).await?;
             if updated.rows_affected() == 1 {
-                return Ok(Some((updated.last_insert_id() as i64, conn)));
+                return Ok(Some(updated.last_insert_id() as i64));
             }
+            if known {
+                return Ok(None);
+            }
+            self.sent(1);
             let created = sqlx::query(&self.sql.mysql_create)
                 .bind(name)
                 .bind(holder)
                 .bind(&*self.client_id)
                 .bind(micros(opts.ttl))
                 .execute(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?;
+                .await?;
             if created.rows_affected() != 1 {
                 return Ok(None);
             }
             // The first grant of this name: take its bell now (the insert
             // cannot take it only when it wins).
+            self.sent(1);
             let _: Option<i64> = sqlx::query_scalar(&self.sql.mysql_ring)
                 .bind(name)
                 .fetch_one(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?;
-            Ok(Some((1, conn)))
-        })
-        .await?;
-        if let Some((token, conn)) = granted {
+                .await?;
+            Ok(Some(1))
+        })?;
+        // The row exists now, whoever made it: the next refusals skip the
+        // insert.
+        self.shared.know_row(name);
+        if let Some(token) = granted {
             let token = self.token(token)?;
-            // Served: the place must be gone before anybody else could need
-            // it gone, i.e. before our release, which waits for this; in the
-            // background meanwhile, off the hand-over's path.
-            let served = (self.fair && renewed.lock().expect("place mutex").is_some()).then(|| {
+            // Served: our place (if we queued) is deleted in the background,
+            // off the hand-over's path; until then it is skipped as the
+            // holder's (see `mysql_acquire_fair`), and after our release as
+            // a place whose bell is free. The release waits for it, so that
+            // the queue holds no rows of past holders.
+            let served = st.joined.take().map(|_| {
                 let (table, name, holder) = (self.clone(), name.to_string(), holder.to_string());
                 tokio::spawn(async move { table.leave_mysql(&name, &holder).await })
             });
+            let bell = std::mem::take(&mut st.conn);
             let lease = self.lease(
                 name,
                 opts,
                 requested_at,
                 holder,
                 token,
-                Kept {
-                    bell: Bell(Some(conn)),
-                    served,
-                },
+                Kept { bell, served },
             );
             return Ok(Try::Granted(lease));
         }
         if self.fair && queue {
-            let due = renewed
-                .lock()
-                .expect("place mutex")
+            let due = st
+                .joined
                 .is_none_or(|at| at.elapsed() >= self.poll_fallback);
             if due {
-                with_reconnect(|| async {
-                    sqlx::query(&self.sql.mysql_queue)
+                on_conn!(self, &mut st, pool, |conn| async {
+                    self.sent(1);
+                    sqlx::query(&self.sql.mysql_join)
                         .bind(name)
                         .bind(holder)
+                        .bind(holder)
                         .bind(micros(self.place()))
-                        .execute(pool)
+                        .execute(&mut *conn)
                         .await
-                        .map_err(|e| self.err(e))
-                })
-                .await?;
-                *renewed.lock().expect("place mutex") = Some(Instant::now());
+                })?;
+                st.joined = Some(Instant::now());
             }
         }
         Ok(Try::Refused(self.poll_fallback))
     }
 
+    /// Delete a waiter's place (and the lapsed places of `name`) through the
+    /// pool.
     #[cfg(feature = "lease-mysql")]
     async fn leave_mysql(&self, name: &str, waiter: &str) {
         #[allow(irrefutable_let_patterns)]
         if let Pool::MySql(pool) = &self.pool {
             let left = with_reconnect(|| async {
+                self.sent(1);
                 sqlx::query(&self.sql.mysql_leave)
                     .bind(name)
                     .bind(waiter)
@@ -1086,12 +1258,50 @@ impl LeaseTable {
         }
     }
 
-    /// A fair waiter gives its place up (it was not granted).
+    /// MariaDB: an acquire that was not granted gives its connection back.
+    /// A waiter with a place first deletes it and lets its bells go on that
+    /// connection (or, when that fails, closes it, which lets them go too).
+    /// True when the place was dealt with here.
+    #[cfg(feature = "lease-mysql")]
+    async fn give_up_mysql(&self, name: &str, waiter: &str, st: &mut MyWait) -> bool {
+        let Some(mut conn) = st.conn.0.take() else {
+            return false;
+        };
+        if st.joined.take().is_none() {
+            drop(conn); // back to the pool: it never waited, so holds no bell
+            return false;
+        }
+        let cleaned = async {
+            self.sent(2);
+            sqlx::query(&self.sql.mysql_leave)
+                .bind(name)
+                .bind(waiter)
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query_scalar::<_, Option<i64>>(&self.sql.mysql_unring)
+                .fetch_one(&mut *conn)
+                .await
+        }
+        .await;
+        match cleaned {
+            Ok(_) => drop(conn), // back to the pool, holding nothing
+            Err(e) => {
+                tracing::debug!(lock = name, "leaving the queue failed: {e}");
+                drop(Bell(Some(conn))); // closed: the server lets the bells go
+                self.leave_mysql(name, waiter).await;
+            }
+        }
+        true
+    }
+
+    /// A fair waiter gives its place up (it was not granted), through the
+    /// pool.
     async fn leave(&self, name: &str, waiter: &str) {
         match &self.pool {
             #[cfg(feature = "lease-postgres")]
             Pool::Postgres(pool) => {
                 let left = with_reconnect(|| async {
+                    self.sent(1);
                     sqlx::query_scalar::<_, i64>(&self.sql.pg_leave)
                         .bind(name)
                         .bind(waiter)
@@ -1124,27 +1334,48 @@ impl LeaseTable {
         let counters = &self.shared.counters;
         let state = AcquireState {
             first: AtomicBool::new(true),
-            renewed: Mutex::new(None),
+            #[cfg(feature = "lease-mysql")]
+            my: tokio::sync::Mutex::new(MyWait::default()),
         };
         let result = match &self.pool {
             #[cfg(feature = "lease-postgres")]
             Pool::Postgres(pool) => {
-                wait_for_grant(
-                    name,
-                    opts.wait,
-                    counters,
-                    || self.try_postgres(pool, name, opts, &holder, queue, &state),
-                    || async {
-                        let filter = self.fair.then(|| holder.clone());
-                        let registration = self.shared.listen.register(pool, name, filter).await;
-                        NotifiedWaiter(registration)
-                    },
-                )
-                .await
+                let filter = self.fair.then(|| holder.clone());
+                // While the `LISTEN` connection runs, register before the
+                // first try, which costs no round trip: a release after it
+                // is seen, so a refusal is followed by the wait at once.
+                // Otherwise start it after the first refusal and try again.
+                let registered = if queue {
+                    self.shared.listen.register_if_running(name, filter.clone())
+                } else {
+                    None
+                };
+                match registered {
+                    Some(r) => {
+                        wait_for_grant(
+                            name,
+                            opts.wait,
+                            counters,
+                            || self.try_postgres(pool, name, opts, &holder, queue, &state),
+                            || async { RegisteredWaiter(r) },
+                        )
+                        .await
+                    }
+                    None => {
+                        let attempt =
+                            || self.try_postgres(pool, name, opts, &holder, queue, &state);
+                        wait_for_grant(name, opts.wait, counters, attempt, || async {
+                            let registration =
+                                self.shared.listen.register(pool, name, filter).await;
+                            NotifiedWaiter(registration)
+                        })
+                        .await
+                    }
+                }
             }
             #[cfg(feature = "lease-mysql")]
             Pool::MySql(pool) => {
-                wait_for_grant(
+                let result = wait_for_grant(
                     name,
                     opts.wait,
                     counters,
@@ -1155,11 +1386,18 @@ impl LeaseTable {
                             pool: pool.clone(),
                             name: name.to_string(),
                             waiter: holder.clone(),
-                            free_bell_seen: None,
+                            state: &state,
                         }
                     },
                 )
-                .await
+                .await;
+                if result.is_err() {
+                    let mut st = state.my.lock().await;
+                    if self.give_up_mysql(name, &holder, &mut st).await {
+                        place.table = None;
+                    }
+                }
+                result
             }
         };
         if result.is_ok() {
@@ -1174,13 +1412,39 @@ impl LeaseTable {
     }
 }
 
-/// What the tries of one acquire share.
+/// What the tries (and, on MariaDB, the waits) of one acquire share.
 struct AcquireState {
     /// No try sent yet: the next one takes the uncontended path.
     first: AtomicBool,
-    /// MariaDB: when this waiter's place was last taken or renewed.
-    #[cfg_attr(not(feature = "lease-mysql"), allow(dead_code))]
-    renewed: Mutex<Option<Instant>>,
+    /// MariaDB: the acquire's connection and its place.
+    #[cfg(feature = "lease-mysql")]
+    my: tokio::sync::Mutex<MyWait>,
+}
+
+/// MariaDB: what one acquire keeps between its tries and waits.
+#[cfg(feature = "lease-mysql")]
+#[derive(Default)]
+struct MyWait {
+    /// The acquire's connection: its tries, its place (with its own bell)
+    /// and its waits run on it, and a grant keeps it for the lease. Closed
+    /// if dropped here (a dropped acquire), which lets its bells go.
+    conn: Bell,
+    /// When our place was taken or last renewed, with our bell held on
+    /// `conn`; `None` while we have no place (or lost it with a connection).
+    joined: Option<Instant>,
+    /// The holder's token when the name's bell was last found free while the
+    /// lease was held: seen twice for the same token, that holder has no bell.
+    free_bell_seen: Option<i64>,
+}
+
+#[cfg(feature = "lease-mysql")]
+impl MyWait {
+    /// The connection failed: close it (the server lets its bells go, so
+    /// our place is no longer live) and join again at the next try.
+    fn lost(&mut self) {
+        self.conn = Bell::default();
+        self.joined = None;
+    }
 }
 
 /// A fair waiter's place; dropped without being granted, it is given up in
@@ -1205,7 +1469,8 @@ impl Drop for QueuePlace {
 }
 
 /// A PostgreSQL waiter: its registration with the `LISTEN` connection, or
-/// `None` when that is unavailable (then it polls at the bound).
+/// `None` when that is unavailable (then it polls at the bound). Registered
+/// after the first refusal, so it tries once more before it waits.
 #[cfg(feature = "lease-postgres")]
 struct NotifiedWaiter(Option<Registration>);
 
@@ -1230,12 +1495,33 @@ impl Waiter for NotifiedWaiter {
     }
 }
 
+/// A PostgreSQL waiter registered before its first try (the `LISTEN`
+/// connection was running): it waits right after its first refusal.
+#[cfg(feature = "lease-postgres")]
+struct RegisteredWaiter(Registration);
+
+#[cfg(feature = "lease-postgres")]
+impl Waiter for RegisteredWaiter {
+    const TRY_AFTER_SETUP: bool = false;
+
+    fn arm(&mut self) {
+        self.0.arm();
+    }
+
+    async fn wait(&mut self, bound: Duration) -> Result<bool, LockError> {
+        Ok(self.0.wait(bound).await)
+    }
+}
+
 /// The `LISTEN` side of a PostgreSQL lease table: one connection, started
 /// by the first waiter, routing the table's notifications to the waiters.
 #[cfg(feature = "lease-postgres")]
 struct Listen {
     channel: String,
     wakers: Arc<Wakers>,
+    /// The listening task runs (a mirror of `state.running`, read without
+    /// waiting).
+    running: Arc<AtomicBool>,
     state: tokio::sync::Mutex<ListenState>,
 }
 
@@ -1254,8 +1540,22 @@ impl Listen {
         Listen {
             channel: table.to_string(),
             wakers: Arc::new(Wakers::default()),
+            running: Arc::new(AtomicBool::new(false)),
             state: tokio::sync::Mutex::new(ListenState::default()),
         }
+    }
+
+    /// Register a waiter for lock `name` if the table's channel is being
+    /// listened to already (no round trip); `None` otherwise. Should the
+    /// listening task end right after, it wakes every waiter.
+    fn register_if_running(&self, name: &str, waiter: Option<Arc<str>>) -> Option<Registration> {
+        if !self.running.load(Ordering::Acquire) {
+            return None;
+        }
+        let registration = self.wakers.register(name, waiter);
+        // Checked again after registering: a task that ended in between
+        // woke the waiters registered before us, not us.
+        self.running.load(Ordering::Acquire).then_some(registration)
     }
 
     /// Register a waiter for lock `name`; the table's channel is `LISTEN`ed
@@ -1297,6 +1597,7 @@ impl Listen {
         };
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         state.running = true;
+        self.running.store(true, Ordering::Release);
         state.failed_at = None;
         state._stop = Some(stop_tx);
         let me: Weak<Listen> = Arc::downgrade(self);
@@ -1325,6 +1626,7 @@ impl Listen {
             if let Some(me) = me.upgrade() {
                 let mut state = me.state.lock().await;
                 state.running = false;
+                me.running.store(false, Ordering::Release);
                 state._stop = None;
             }
             wakers.notify_all();
@@ -1333,92 +1635,85 @@ impl Listen {
     }
 }
 
-/// A MariaDB waiter: blocks in `GET_LOCK` on the holder's bell.
+/// A MariaDB waiter: blocks in `GET_LOCK` on the bell of the one before it
+/// (see [`Statements::mysql_wait`]), on the acquire's connection.
 #[cfg(feature = "lease-mysql")]
-struct BellWaiter {
+struct BellWaiter<'a> {
     table: LeaseTable,
     pool: MySqlPool,
     name: String,
     waiter: Arc<str>,
-    /// The holder's token when the bell was last found free (nobody rang
-    /// it): seen twice for the same token, that holder has no bell.
-    free_bell_seen: Option<i64>,
+    state: &'a AcquireState,
 }
 
 #[cfg(feature = "lease-mysql")]
-impl Waiter for BellWaiter {
+impl Waiter for BellWaiter<'_> {
     const TRY_AFTER_SETUP: bool = false;
 
     fn arm(&mut self) {}
 
-    /// Block on the bell until a release rings it for us. A ring that is
-    /// another waiter's turn (it is first in the queue, as read right after
-    /// the ring) is let pass, and we block again once that waiter holds the
-    /// bell.
+    /// One wait statement, blocking until the bell it waits on is let go
+    /// (true: a release, or the waiter before us went away), or the bound.
+    /// Only when the name's bell is found free while the lease is held does
+    /// it ask again: the holder may be taking it right now; free twice for
+    /// the same holder, that holder has no bell, and we poll.
     async fn wait(&mut self, bound: Duration) -> Result<bool, LockError> {
         let t = &self.table;
         let deadline = Instant::now() + bound;
-        // While it is another waiter's turn and that waiter has not taken the
-        // lock (and its bell) yet: look again soon, then less and less often
-        // (a first waiter that died keeps its turn until its place lapses).
-        let mut turn_poll = Duration::from_micros(500);
+        let mut st = self.state.my.lock().await;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || (t.fair && st.joined.is_none()) {
+                // Out of time, or our place was lost with a connection: try
+                // (and join) again.
                 return Ok(false);
             }
             type Row = (
+                Option<i64>,
                 u64,
                 Option<i64>,
-                Option<i64>,
+                Option<String>,
                 Option<i64>,
                 Option<i64>,
                 Option<i64>,
             );
-            let row: Option<Row> = with_reconnect(|| async {
+            let waited = on_conn_once!(t, &mut st, &self.pool, |conn| async {
+                t.sent(1);
                 sqlx::query_as::<_, Row>(&t.sql.mysql_wait)
                     .bind(micros(t.lock_delay))
                     .bind(left.as_secs_f64())
                     .bind(micros(t.lock_delay))
                     .bind(&*self.waiter)
                     .bind(&self.name)
-                    .bind(&self.name)
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&mut *conn)
                     .await
-                    .map_err(|e| t.err(e))
-            })
-            .await?;
-            // No row yet: the lock was never granted; try again.
-            let Some((token, held, bell_free, rang, _, my_turn)) = row else {
+            });
+            let row = match waited {
+                Ok(row) => row,
+                // The connection failed (and was closed): try again.
+                Err((_, true)) => return Ok(false),
+                Err((e, false)) => return Err(e),
+            };
+            // No row: the lock was never granted (or its row was deleted);
+            // try again, creating it.
+            let Some((_, token, held, pred, bell_free, rang, _)) = row else {
+                t.shared.forget_row(&self.name);
                 return Ok(false);
             };
             let token = token.min(i64::MAX as u64) as i64;
-            let my_turn = !t.fair || my_turn != Some(0);
             match (bell_free, rang) {
-                // The bell was held and came to us: a release rang it.
-                (Some(0), Some(1)) if my_turn => return Ok(true),
-                // Rung, but the first waiter's turn: block again (it takes
-                // the bell with its grant), or poll until it has.
-                (Some(0), Some(1)) => continue,
-                // Nobody held the bell.
-                (Some(1), _) => {
-                    if held != Some(1) {
-                        if my_turn {
-                            return Ok(false); // free: try at once
-                        }
-                        // Free, but the first waiter's turn: let it take the lock.
-                        tokio::time::sleep(turn_poll.min(left)).await;
-                        turn_poll = (turn_poll * 2).min(BELL_LESS_POLL);
-                        continue;
-                    }
-                    // Held, and nobody rings. Once: the holder may be taking
-                    // the bell right now; ask again. Twice for the same
-                    // holder: it has no bell, poll until its lease ends.
-                    if self.free_bell_seen == Some(token) {
+                // The bell was held and came to us: its holder let it go.
+                (Some(0), Some(1)) => return Ok(true),
+                // The bell was free: the waiter before us went away, or the
+                // lock is free; try at once.
+                (Some(1), Some(1)) if pred.is_some() || held != Some(1) => return Ok(false),
+                // The name's bell free while the lease is held.
+                (Some(1), Some(1)) => {
+                    if st.free_bell_seen == Some(token) {
                         tokio::time::sleep(BELL_LESS_POLL.min(left)).await;
                         return Ok(false);
                     }
-                    self.free_bell_seen = Some(token);
+                    st.free_bell_seen = Some(token);
                 }
                 // Timed out (the bound), or the wait was interrupted.
                 _ => return Ok(false),
@@ -1427,35 +1722,23 @@ impl Waiter for BellWaiter {
     }
 }
 
-/// What a MariaDB grant keeps until its release: the bell's connection, and
+/// What a MariaDB grant keeps until its release: the bells' connection, and
 /// the deletion of its place in the queue while that is in flight.
 struct Kept {
     bell: Bell,
     served: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// MariaDB: the pool connection that holds a lease's bell, kept from the
-/// grant to the release. Dropped while still holding it (the lease was never
-/// released), the connection is closed rather than returned to the pool, so
-/// the server lets the bell go.
+/// MariaDB: the pool connection that holds an acquire's or a lease's bells
+/// (the name's, and the waiter's own), kept from the first try to the
+/// release. Dropped while still holding it (the lease was never released, or
+/// the acquire was dropped), the connection is closed rather than returned
+/// to the pool, so the server lets the bells go.
+#[derive(Default)]
 struct Bell(
     #[cfg(feature = "lease-mysql")] Option<PoolConnection<MySql>>,
     #[cfg(not(feature = "lease-mysql"))] (),
 );
-
-impl Bell {
-    #[cfg(feature = "lease-postgres")]
-    fn none() -> Bell {
-        #[cfg(feature = "lease-mysql")]
-        {
-            Bell(None)
-        }
-        #[cfg(not(feature = "lease-mysql"))]
-        {
-            Bell(())
-        }
-    }
-}
 
 #[cfg(feature = "lease-mysql")]
 impl Drop for Bell {
@@ -1538,6 +1821,7 @@ impl LeaseGrant {
 
     async fn update_statement(&self, ttl: Option<Duration>) -> Result<bool, (LockError, bool)> {
         let sql = &self.table.sql;
+        self.table.sent(1);
         let matched = match (&self.table.pool, ttl) {
             #[cfg(feature = "lease-postgres")]
             (Pool::Postgres(pool), Some(ttl)) => sqlx::query(&sql.pg_renew)
@@ -1584,6 +1868,7 @@ impl LeaseGrant {
         let mut bell = self.bell.lock().await;
         let mut conn = bell.0.take()?;
         let sql = &self.table.sql;
+        self.table.sent(1);
         let released = sqlx::query(&sql.mysql_release)
             .bind(&self.name)
             .bind(&self.holder)
@@ -1593,10 +1878,10 @@ impl LeaseGrant {
         match released {
             Ok(r) if r.rows_affected() == 1 => Some(Ok(true)),
             Ok(_) => {
-                // Not ours any more, and the bell may still be: let it go
-                // before the connection goes back to the pool.
+                // Not ours any more, and the bells may still be: let them
+                // go before the connection goes back to the pool.
+                self.table.sent(1);
                 let unrung = sqlx::query_scalar::<_, Option<i64>>(&sql.mysql_unring)
-                    .bind(&self.name)
                     .fetch_one(&mut *conn)
                     .await;
                 if unrung.is_err() {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock::lease_table::LeaseTable;
-use fencelock::{AcquireOptions, LockError, LockService};
+use fencelock::{AcquireOptions, LockError, LockService, WaitStats};
 use harness::Postgres;
 use support::contract;
 use tokio::time::Instant;
@@ -23,38 +23,54 @@ async fn mysql() -> LeaseTable {
 async fn postgres_at() -> (LeaseTable, Db) {
     let url = harness::fresh_database().await;
     let svc = LeaseTable::postgres(&url).await.expect("lease-postgres");
-    (
-        svc,
-        Db::Postgres(sqlx::PgPool::connect(&url).await.unwrap()),
-    )
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    (svc, Db::Postgres(pool, url))
 }
 
 async fn mysql_at() -> (LeaseTable, Db) {
     let url = harness::fresh_mysql_database().await;
     let svc = LeaseTable::mysql(&url).await.expect("lease-mysql");
-    (
-        svc,
-        Db::MySql(sqlx::MySqlPool::connect(&url).await.unwrap()),
-    )
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    (svc, Db::MySql(pool, url))
 }
 
-/// Raw access to the database a service uses, to check what it wrote.
+/// Raw access to the database a service uses, to check what it wrote, and
+/// its URL.
 enum Db {
-    Postgres(sqlx::PgPool),
-    MySql(sqlx::MySqlPool),
+    Postgres(sqlx::PgPool, String),
+    MySql(sqlx::MySqlPool, String),
 }
 
 impl Db {
+    /// Another service on the same database, with its own pool and its own
+    /// wait counters: another process, as far as the lock can tell.
+    async fn service(&self) -> LeaseTable {
+        match self {
+            Db::Postgres(_, url) => LeaseTable::postgres(url).await.unwrap(),
+            Db::MySql(_, url) => LeaseTable::mysql(url).await.unwrap(),
+        }
+    }
+
+    /// How many tries a fair waiter of a new service sends before it waits:
+    /// PostgreSQL: refused (taking its place), listening, refused again;
+    /// MariaDB: refused (then it takes its place and blocks on a bell).
+    fn tries_before_waiting(&self) -> u64 {
+        match self {
+            Db::Postgres(..) => 2,
+            Db::MySql(..) => 1,
+        }
+    }
+
     /// Rows in the queue of lock `name` (live or lapsed).
     async fn queued(&self, name: &str) -> i64 {
         let sql = "select count(*) from fencelock_leases_waiters where name = ";
         match self {
-            Db::Postgres(p) => sqlx::query_scalar(&format!("{sql}$1"))
+            Db::Postgres(p, _) => sqlx::query_scalar(&format!("{sql}$1"))
                 .bind(name)
                 .fetch_one(p)
                 .await
                 .unwrap(),
-            Db::MySql(p) => sqlx::query_scalar(&format!("{sql}?"))
+            Db::MySql(p, _) => sqlx::query_scalar(&format!("{sql}?"))
                 .bind(name)
                 .fetch_one(p)
                 .await
@@ -74,14 +90,17 @@ impl Db {
         .unwrap();
     }
 
-    /// Wait (bounded) until `n` waiters block in the server: on MariaDB in
-    /// `GET_LOCK` on a bell; on PostgreSQL (nothing blocks there) at once.
+    /// Wait (bounded) until `n` waiters on this database block in the
+    /// server: on MariaDB in `GET_LOCK` on a bell (the server is shared by
+    /// the tests running in parallel, so only this database's count); on
+    /// PostgreSQL (nothing blocks there) at once.
     async fn wait_blocked(&self, n: i64) {
-        let Db::MySql(p) = self else { return };
+        let Db::MySql(p, _) = self else { return };
         harness::wait_until(Duration::from_secs(10), || async {
             let blocked: i64 = sqlx::query_scalar(
                 "select count(*) from information_schema.processlist \
-                  where info like '%is_free_lock%' and state = 'User lock'",
+                  where db = database() and info like '%is_free_lock%' \
+                    and state = 'User lock'",
             )
             .fetch_one(p)
             .await
@@ -394,12 +413,221 @@ macro_rules! lease_table_claims {
                 db.wait_queued("page", 0).await;
                 lease.release().await.unwrap();
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_release_wakes_only_the_next_fair_waiter() {
+                a_release_wakes_only_the_next_waiter($at.await).await;
+            }
         }
     };
 }
 
 lease_table_claims!(pg, postgres(), postgres_at(), "lease-postgres");
 lease_table_claims!(my, mysql(), mysql_at(), "lease-mysql");
+
+/// Wait (bounded) until `svc` has sent `n` tries.
+async fn wait_tries(svc: &LeaseTable, n: u64) {
+    harness::wait_until(Duration::from_secs(10), || async {
+        match svc.wait_stats().tries {
+            t if t >= n => Ok(()),
+            t => Err(format!("{t} tries, waiting for {n}")),
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Three fair waiters, each its own service (its own counters), queued
+/// behind a holder; fallback poll 60 s, places 240 s, TTL 30 s: only a wake
+/// explains a prompt grant. Each release must wake exactly the next waiter:
+/// a waiter woken for somebody else's turn would show one more wake and one
+/// more (refused) try. On MariaDB the others also stay blocked in the server.
+async fn a_release_wakes_only_the_next_waiter((svc, db): (LeaseTable, Db)) {
+    let (ttl, wait) = (Duration::from_secs(30), Duration::from_secs(50));
+    let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
+    let mut waiters = vec![];
+    for i in 0..3 {
+        let waiter = db
+            .service()
+            .await
+            .with_poll_fallback(Duration::from_secs(60));
+        let task = tokio::spawn({
+            let waiter = waiter.clone();
+            async move { waiter.acquire("page", ttl, wait).await }
+        });
+        db.wait_queued("page", i + 1).await;
+        wait_tries(&waiter, db.tries_before_waiting()).await;
+        db.wait_blocked(i + 1).await;
+        waiters.push((waiter, task));
+    }
+    let before: Vec<WaitStats> = waiters.iter().map(|(w, _)| w.wait_stats()).collect();
+    lease.release().await.unwrap();
+    for i in 0..3 {
+        let granted = tokio::time::timeout(Duration::from_secs(10), &mut waiters[i].1)
+            .await
+            .unwrap_or_else(|_| panic!("waiter {i} not granted after the release before it"))
+            .unwrap()
+            .unwrap();
+        for (j, (waiter, _)) in waiters.iter().enumerate().skip(i + 1) {
+            assert_eq!(
+                waiter.wait_stats(),
+                before[j],
+                "waiter {j} stirred while waiter {i} was granted"
+            );
+        }
+        db.wait_blocked(2 - i as i64).await;
+        granted.release().await.unwrap();
+    }
+    for (j, (waiter, _)) in waiters.iter().enumerate() {
+        let stats = waiter.wait_stats();
+        let woken_once = WaitStats {
+            tries: before[j].tries + 1,
+            notified: before[j].notified + 1,
+            timed_out: before[j].timed_out,
+        };
+        assert_eq!(stats, woken_once, "waiter {j}: woken once, by its turn");
+    }
+}
+
+/// One hand-over from a holder to a fair waiter (each its own service), the
+/// second of two, so that the waiter's service knows the lock's row and
+/// listens already: the statements the waiter's acquire and release send.
+async fn statements_of_a_hand_over((svc, db): (LeaseTable, Db)) -> u64 {
+    let waiter = db
+        .service()
+        .await
+        .with_poll_fallback(Duration::from_secs(60));
+    let (ttl, wait) = (Duration::from_secs(30), Duration::from_secs(50));
+    let mut sent = 0;
+    for _ in 0..2 {
+        let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
+        let (sent_before, tries_before) = (waiter.statements_sent(), waiter.wait_stats().tries);
+        let task = tokio::spawn({
+            let waiter = waiter.clone();
+            async move { waiter.acquire("page", ttl, wait).await }
+        });
+        db.wait_queued("page", 1).await;
+        wait_tries(&waiter, tries_before + 1).await;
+        db.wait_blocked(1).await;
+        lease.release().await.unwrap();
+        let granted = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("granted after the release")
+            .unwrap()
+            .unwrap();
+        granted.release().await.unwrap();
+        sent = waiter.statements_sent() - sent_before;
+    }
+    let stats = waiter.wait_stats();
+    assert_eq!(
+        stats.timed_out, 0,
+        "only releases woke the waiter: {stats:?}"
+    );
+    sent
+}
+
+/// PostgreSQL: the refused try that takes the waiter's place, the grant
+/// (which deletes it), the release (which notifies the next waiter): the
+/// notification itself is no statement of the waiter's.
+#[tokio::test]
+async fn postgres_a_fair_hand_over_costs_the_waiter_three_statements() {
+    assert_eq!(statements_of_a_hand_over(postgres_at().await).await, 3);
+}
+
+/// MariaDB: the refused try, the place (with the waiter's bell), one wait
+/// (woken by the release), the grant, the deletion of the place (in the
+/// background, awaited by the release), the release.
+#[tokio::test]
+async fn mysql_a_fair_hand_over_costs_the_waiter_six_statements() {
+    assert_eq!(statements_of_a_hand_over(mysql_at().await).await, 6);
+}
+
+/// MariaDB: three fair waiters queued, and the middle one's process dies
+/// (its connection is killed by the server, its place would last 240 s).
+/// The one behind it, which was blocked on the dead one's bell, wakes, finds
+/// it gone and blocks on the first one's bell instead; then it is granted
+/// right after the first one's turn, not after the dead place lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_dead_waiter_in_the_middle_of_the_chain_does_not_stall_the_ones_behind_it() {
+    let (svc, db) = mysql_at().await;
+    let Db::MySql(admin, _) = &db else {
+        unreachable!()
+    };
+    let (ttl, wait) = (Duration::from_secs(30), Duration::from_secs(50));
+    let fallback = Duration::from_secs(60);
+    let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
+    let first = db.service().await.with_poll_fallback(fallback);
+    let first_task = tokio::spawn({
+        let first = first.clone();
+        async move { first.acquire("page", ttl, wait).await }
+    });
+    db.wait_queued("page", 1).await;
+    db.wait_blocked(1).await;
+    let dying = db.service().await.with_poll_fallback(fallback);
+    let mut dying_acquire = Box::pin(dying.acquire("page", ttl, wait));
+    tokio::select! {
+        r = &mut dying_acquire => panic!("the middle waiter was granted: {r:?}"),
+        () = async { db.wait_queued("page", 2).await; db.wait_blocked(2).await } => {}
+    }
+    let last = db.service().await.with_poll_fallback(fallback);
+    let last_task = tokio::spawn({
+        let last = last.clone();
+        async move { last.acquire("page", ttl, wait).await }
+    });
+    db.wait_queued("page", 3).await;
+    db.wait_blocked(3).await;
+    let last_before = last.wait_stats();
+
+    // The middle waiter's process dies: never polled again, and the server
+    // closes its connection (which holds its bell).
+    let connection: i64 = sqlx::query_scalar(
+        "select cast(is_used_lock(concat('fencelock:w:', waiter)) as signed) \
+           from fencelock_leases_waiters \
+          where name = 'page' order by ticket limit 1 offset 1",
+    )
+    .fetch_one(admin)
+    .await
+    .unwrap();
+    sqlx::query(&format!("kill connection {connection}"))
+        .execute(admin)
+        .await
+        .unwrap();
+    std::mem::forget(dying_acquire);
+    harness::wait_until(Duration::from_secs(10), || async {
+        match last.wait_stats() {
+            s if s.notified == last_before.notified + 1 => Ok(()),
+            s => Err(format!("the last waiter not woken yet: {s:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    db.wait_blocked(2).await; // the first and the last waiter
+    assert_eq!(db.queued("page").await, 3, "the dead place is still there");
+
+    lease.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), first_task)
+        .await
+        .expect("the first waiter is granted after the release")
+        .unwrap()
+        .unwrap();
+    granted.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), last_task)
+        .await
+        .expect("the last waiter is granted after the first, not after the dead place lapses")
+        .unwrap()
+        .unwrap();
+    granted.release().await.unwrap();
+    // Woken twice (the dead waiter's bell, then the first waiter's release),
+    // tried three times, never by the fallback poll.
+    assert_eq!(
+        last.wait_stats(),
+        WaitStats {
+            tries: last_before.tries + 2,
+            notified: last_before.notified + 2,
+            timed_out: last_before.timed_out,
+        }
+    );
+}
 
 /// A waiter whose fallback poll (60 s) and holder's TTL (30 s) are far
 /// beyond the test's bound: a prompt grant after the release can only come
@@ -427,8 +655,8 @@ async fn waiter_is_woken_by_the_release((svc, db): (LeaseTable, Db), fair: bool)
     // PostgreSQL: refused, listening, refused again. MariaDB: refused, then
     // blocked on the bell.
     let tries_before_waiting = match db {
-        Db::Postgres(_) => 3,
-        Db::MySql(_) => 2,
+        Db::Postgres(..) => 3,
+        Db::MySql(..) => 2,
     };
     harness::wait_until(Duration::from_secs(10), || async {
         match waiter.wait_stats().tries {
