@@ -37,6 +37,18 @@ pub(crate) fn one_line(sql: &str) -> String {
     sql.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// A statement on one line, without its `--` comments (joined onto one line,
+/// a comment would swallow the rest of the statement, and a `;` in it would
+/// split the statement for mariadb-slap). The lease statements have no `--`
+/// inside their string literals.
+pub(crate) fn sql_line(sql: &str) -> String {
+    let code: Vec<&str> = sql
+        .lines()
+        .map(|line| line.find("--").map_or(line, |at| &line[..at]))
+        .collect();
+    one_line(&code.join("\n"))
+}
+
 /// `redis-cli SCRIPT LOAD script`: prints the script's sha1.
 pub(crate) fn script_load_cmd(port: u16, script: &str) -> Command {
     let mut cmd = Command::new("redis-cli");
@@ -112,7 +124,7 @@ pub(crate) fn pgbench_script() -> String {
         .replace("$1", "'pgbench'")
         .replace("$2", "'pgbench-holder'")
         .replace("$3", ":token");
-    format!("{} \\gset\n{};\n", one_line(&grant), one_line(&release))
+    format!("{} \\gset\n{};\n", sql_line(&grant), sql_line(&release))
 }
 
 /// pgbench -M prepared, one client, for `t` seconds, running `script_path`
@@ -186,7 +198,7 @@ pub(crate) fn mariadb_slap_query() -> String {
         .replacen('?', "'limit'", 1)
         .replacen('?', "'slap-holder'", 1)
         .replacen('?', "last_insert_id()", 1);
-    format!("{};{}", one_line(&grant), one_line(&release))
+    format!("{};{}", sql_line(&grant), sql_line(&release))
 }
 
 /// mariadb-slap, one client, `pairs` runs of `query` against database `db`.
@@ -352,4 +364,25 @@ pub(crate) async fn python_peer(
 ) -> anyhow::Result<Run> {
     let out = output(Command::new(python).arg("-c").arg(script).args(args)).await?;
     parse_python_peer(&out, "python peer output")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limits_sql_keeps_every_statement_whole_without_comments() {
+        let slap = mariadb_slap_query();
+        assert!(!slap.contains("--"), "{slap}");
+        assert_eq!(slap.matches(';').count(), 1, "two statements: {slap}");
+        assert!(slap.contains("where l.name = 'limit'"), "{slap}");
+        let pgbench = pgbench_script();
+        assert!(!pgbench.contains("--"), "{pgbench}");
+        assert_eq!(pgbench.lines().count(), 2, "{pgbench}");
+    }
+
+    #[test]
+    fn a_comment_ends_at_its_line() {
+        assert_eq!(sql_line("select 1, -- one\n  2 -- two\n"), "select 1, 2");
+    }
 }
