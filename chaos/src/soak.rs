@@ -114,9 +114,10 @@ pub enum Fault {
     /// the balancer marked it down.
     GatewayKill,
     /// One ZooKeeper server, the one a random pinned worker talks to (leader
-    /// or follower, whichever it is), is cut off from the other two for
-    /// 0.5–4 s (the session timeout is 2 s), then healed; the next fault
-    /// waits until all three serve again. Ensemble only.
+    /// or follower, whichever it is), is cut off from the other two right
+    /// after that worker's next grant (or after 10 s without one) for 0.5–4 s
+    /// (the session timeout is 2 s), then healed; the next fault waits until
+    /// all three serve again. Ensemble only.
     ZookeeperPartition,
     /// The ensemble's leader (found with `srvr`) is SIGKILLed and started
     /// again 0.5–3 s after the kill, once the other two have elected a new
@@ -529,6 +530,10 @@ struct Soak {
 }
 
 const FAULT_WAIT: Duration = Duration::from_secs(40);
+
+/// How long `zookeeper-partition` waits for its pinned worker's grant
+/// before it cuts anyway.
+const PARTITION_AIM: Duration = Duration::from_secs(10);
 
 /// How long the ensemble may take to serve again with all three servers
 /// (after a heal, a restart, an election).
@@ -1027,6 +1032,16 @@ impl Soak {
                 let who = self.who(&client);
                 let log = self.pages[page].log.clone();
                 let lock = self.pages[page].lock;
+                // Aim the cut at a lock holder: it comes when the pinned
+                // worker has just been granted the lock (or, if that takes
+                // longer than PARTITION_AIM, whenever; the detail says which).
+                let since = now_ms();
+                let c = client.clone();
+                let _ = log
+                    .wait_for("the pinned worker's grant", PARTITION_AIM, move |ev| {
+                        ev.client == c && ev.kind() == "acquired" && ev.received_ms >= since
+                    })
+                    .await;
                 let zk = self.locks[lock]
                     .ensemble()
                     .context("the pinned editor's page has no ensemble")?;
