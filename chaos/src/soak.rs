@@ -11,9 +11,14 @@
 //!   health-checked on `/readyz`. Workers talk to the balancer only.
 //! - Per backend, its own lock server(s): Redis with `appendfsync always` (a
 //!   Redis that forgets its counter is the separate, deliberately stuck row
-//!   `redis-restart`; here restarts keep it), ZooKeeper, a PostgreSQL for the
-//!   lease table, a MariaDB for the other lease table.
-//! - Per page, [`SoakConfig::workers_per_page`] workers editing until the end.
+//!   `redis-restart`; here restarts keep it), ZooKeeper (the three-node
+//!   ensemble in network namespaces, [`harness::ZooKeeperHosts`], or one
+//!   server with `--zookeeper-standalone`), a PostgreSQL for the lease
+//!   table, a MariaDB for the other lease table.
+//! - Per page, [`SoakConfig::workers_per_page`] workers editing until the end;
+//!   on the ensemble, each ZooKeeper page's first worker talks to one server
+//!   only (pinned), so that `zookeeper-partition` cuts a worker off with the
+//!   minority.
 //!
 //! # The faults
 //! First each kind once, in an order drawn from the seed (so a two-minute
