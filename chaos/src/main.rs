@@ -110,6 +110,7 @@ async fn soak(seed: u64, minutes: f64, config: &Config) -> anyhow::Result<()> {
             .filter(|b| b.fenced())
             .collect();
     }
+    soak.zookeeper_standalone = config.zookeeper_standalone;
     let report = chaos::soak::run(soak).await?;
     println!("{}", report.table());
     println!(

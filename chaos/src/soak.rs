@@ -11,9 +11,14 @@
 //!   health-checked on `/readyz`. Workers talk to the balancer only.
 //! - Per backend, its own lock server(s): Redis with `appendfsync always` (a
 //!   Redis that forgets its counter is the separate, deliberately stuck row
-//!   `redis-restart`; here restarts keep it), ZooKeeper, a PostgreSQL for the
-//!   lease table, a MariaDB for the other lease table.
-//! - Per page, [`SoakConfig::workers_per_page`] workers editing until the end.
+//!   `redis-restart`; here restarts keep it), ZooKeeper (the three-node
+//!   ensemble in network namespaces, [`harness::ZooKeeperHosts`], or one
+//!   server with `--zookeeper-standalone`), a PostgreSQL for the lease
+//!   table, a MariaDB for the other lease table.
+//! - Per page, [`SoakConfig::workers_per_page`] workers editing until the end;
+//!   on the ensemble, each ZooKeeper page's first worker talks to one server
+//!   only (pinned), so that `zookeeper-partition` cuts a worker off with the
+//!   minority.
 //!
 //! # The faults
 //! First each kind once, in an order drawn from the seed (so a two-minute
@@ -34,15 +39,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use harness::{
     Haproxy, MariaDb, Persistence, Postgres, PostgresPair, Redis, Replication, ZooKeeper,
+    ZooKeeperHosts,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
+use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::backends::Backend;
+use crate::backends::{Backend, Zk};
 use crate::history::{self, Attempt};
 use crate::procs::{now_ms, Event, EventLog, GatewayProc, WorkerProc, WorkerSpec};
 use crate::proxy::{via_proxy, DelayProxy, Mode};
@@ -57,6 +63,10 @@ pub struct SoakConfig {
     pub backends: Vec<Backend>,
     pub pages_per_backend: usize,
     pub workers_per_page: usize,
+    /// One ZooKeeper server instead of the three-node ensemble: then the
+    /// ensemble's faults (`zookeeper-partition`, `zookeeper-leader-kill`)
+    /// are not in the catalogue.
+    pub zookeeper_standalone: bool,
 }
 
 impl SoakConfig {
@@ -72,6 +82,7 @@ impl SoakConfig {
                 .collect(),
             pages_per_backend: 2,
             workers_per_page: 2,
+            zookeeper_standalone: false,
         }
     }
 }
@@ -95,7 +106,9 @@ pub enum Fault {
     /// A worker's wall clock (and, half the time, its monotonic clock) jumps
     /// one hour while it holds the lock (libfaketime).
     ClockJump,
-    /// A backend's lock server is SIGKILLed and started again 0.5–2 s later.
+    /// A backend's lock service is SIGKILLed and started again 0.5–2 s
+    /// later: for ZooKeeper the whole ensemble (all three servers; one
+    /// server at a time is `ZookeeperLeaderKill`).
     LockRestart,
     /// The PostgreSQL primary is SIGKILLed and started again 0.5–2 s later.
     PostgresRestart,
@@ -105,10 +118,20 @@ pub enum Fault {
     /// One of the two gateways is SIGKILLed, and started again 0.5–3 s after
     /// the balancer marked it down.
     GatewayKill,
+    /// One ZooKeeper server, the one a random pinned worker talks to (leader
+    /// or follower, whichever it is), is cut off from the other two right
+    /// after that worker's next grant (or after 10 s without one) for 0.5–4 s
+    /// (the session timeout is 2 s), then healed; the next fault waits until
+    /// all three serve again. Ensemble only.
+    ZookeeperPartition,
+    /// The ensemble's leader (found with `srvr`) is SIGKILLed and started
+    /// again 0.5–3 s after the kill, once the other two have elected a new
+    /// leader. Ensemble only.
+    ZookeeperLeaderKill,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 11] = [
         Fault::PauseWorker,
         Fault::KillWorker,
         Fault::GcPauseWriting,
@@ -118,6 +141,8 @@ impl Fault {
         Fault::PostgresRestart,
         Fault::PostgresFailover,
         Fault::GatewayKill,
+        Fault::ZookeeperPartition,
+        Fault::ZookeeperLeaderKill,
     ];
 
     pub fn name(self) -> &'static str {
@@ -131,7 +156,14 @@ impl Fault {
             Fault::PostgresRestart => "postgres-restart",
             Fault::PostgresFailover => "postgres-failover",
             Fault::GatewayKill => "gateway-kill",
+            Fault::ZookeeperPartition => "zookeeper-partition",
+            Fault::ZookeeperLeaderKill => "zookeeper-leader-kill",
         }
+    }
+
+    /// Whether the fault needs the ZooKeeper ensemble.
+    pub fn needs_ensemble(self) -> bool {
+        matches!(self, Fault::ZookeeperPartition | Fault::ZookeeperLeaderKill)
     }
 }
 
@@ -192,6 +224,8 @@ pub struct SoakReport {
     pub workers: u64,
     pub violations: Vec<String>,
     pub wall_s: f64,
+    /// `ensemble` (three servers in network namespaces) or `standalone`.
+    pub zookeeper: &'static str,
 }
 
 impl SoakReport {
@@ -285,14 +319,17 @@ fn row_of(b: &PageReport) -> String {
 struct LockServer {
     backend: Backend,
     redis: Option<Redis>,
-    zookeeper: Option<ZooKeeper>,
+    /// The three-node ensemble ([`harness::ZooKeeperHosts`], each server on
+    /// a network namespace of its own so it can be partitioned), or one
+    /// server with `--zookeeper-standalone`.
+    zookeeper: Option<Zk>,
     postgres: Option<Postgres>,
     mariadb: Option<MariaDb>,
     lease_url: Option<String>,
 }
 
 impl LockServer {
-    async fn start(backend: Backend) -> anyhow::Result<Self> {
+    async fn start(backend: Backend, zookeeper_standalone: bool) -> anyhow::Result<Self> {
         let mut me = Self {
             backend,
             redis: None,
@@ -303,7 +340,18 @@ impl LockServer {
         };
         match backend {
             Backend::Redis => me.redis = Some(Redis::start_with(Persistence::AofAlways).await),
-            Backend::Zookeeper => me.zookeeper = Some(ZooKeeper::start().await),
+            Backend::Zookeeper if zookeeper_standalone => {
+                me.zookeeper = Some(Zk::Standalone(ZooKeeper::start().await))
+            }
+            Backend::Zookeeper => {
+                if !harness::netns::available() {
+                    bail!(
+                        "the soak's ZooKeeper ensemble runs in network namespaces, which need \
+                         root and `unshare`; run as root or pass --zookeeper-standalone"
+                    );
+                }
+                me.zookeeper = Some(Zk::Ensemble(ZooKeeperHosts::start().await))
+            }
             Backend::LeasePostgres => {
                 let pg = Postgres::start().await;
                 me.lease_url = Some(pg.create_database().await);
@@ -322,14 +370,26 @@ impl LockServer {
         Ok(me)
     }
 
+    /// The ensemble, if this is ZooKeeper on three servers.
+    fn ensemble(&mut self) -> Option<&mut ZooKeeperHosts> {
+        match self.zookeeper.as_mut()? {
+            Zk::Ensemble(e) => Some(e),
+            Zk::Standalone(_) => None,
+        }
+    }
+
+    fn is_ensemble(&self) -> bool {
+        matches!(self.zookeeper, Some(Zk::Ensemble(_)))
+    }
+
     /// The gateways' `--issuer NAME=URL` for this server (the names the
-    /// worker sends as `Fencing-Issuer`).
+    /// worker sends as `Fencing-Issuer`). For the ensemble: all three servers.
     fn issuer(&self) -> Option<(String, String)> {
         let url = match self.backend {
             Backend::Redis => self.redis.as_ref().map(Redis::url)?,
             Backend::Zookeeper => format!(
                 "zookeeper://{}",
-                self.zookeeper.as_ref().map(ZooKeeper::connect_string)?
+                self.zookeeper.as_ref().map(Zk::connect_string)?
             ),
             Backend::LeasePostgres | Backend::LeaseMysql => self.lease_url.clone()?,
             Backend::Redlock | Backend::RedisSentinel => return None,
@@ -337,22 +397,21 @@ impl LockServer {
         Some((self.backend.name().to_string(), url))
     }
 
-    fn port(&self) -> u16 {
+    /// The TCP ports a worker reaches this service on (three for the ensemble).
+    fn ports(&self) -> Vec<u16> {
         match self.backend {
-            Backend::Redis => self.redis.as_ref().map_or(0, Redis::port),
-            Backend::Zookeeper => self.zookeeper.as_ref().map_or(0, ZooKeeper::port),
-            Backend::LeasePostgres => self.postgres.as_ref().map_or(0, Postgres::port),
-            Backend::LeaseMysql => self.mariadb.as_ref().map_or(0, MariaDb::port),
-            Backend::Redlock | Backend::RedisSentinel => 0,
+            Backend::Redis => self.redis.iter().map(Redis::port).collect(),
+            Backend::Zookeeper => self.zookeeper.iter().flat_map(Zk::ports).collect(),
+            Backend::LeasePostgres => self.postgres.iter().map(Postgres::port).collect(),
+            Backend::LeaseMysql => self.mariadb.iter().map(MariaDb::port).collect(),
+            Backend::Redlock | Backend::RedisSentinel => vec![],
         }
     }
 
-    /// The worker's flags for this server, through `proxy_port` if given.
-    fn worker_args(&self, proxy_port: Option<u16>) -> Vec<(String, String)> {
-        let map = |url: String| match proxy_port {
-            Some(p) => via_proxy(&url, self.port(), p),
-            None => url,
-        };
+    /// The worker's flags for this server. `via` maps a server port to a
+    /// proxy's port; `pin` names the one ensemble server the worker may use
+    /// (`None`: all three).
+    fn worker_args(&self, via: &HashMap<u16, u16>, pin: Option<usize>) -> Vec<(String, String)> {
         let (flag, url) = match self.backend {
             Backend::Redis => (
                 "--redis-url",
@@ -360,10 +419,11 @@ impl LockServer {
             ),
             Backend::Zookeeper => (
                 "--zookeeper-connect",
-                self.zookeeper
-                    .as_ref()
-                    .map(ZooKeeper::connect_string)
-                    .unwrap_or_default(),
+                match (self.zookeeper.as_ref(), pin) {
+                    (Some(Zk::Ensemble(e)), Some(i)) => e.connect_string_to(i),
+                    (Some(zk), _) => zk.connect_string(),
+                    (None, _) => String::new(),
+                },
             ),
             Backend::LeasePostgres => {
                 ("--database-url", self.lease_url.clone().unwrap_or_default())
@@ -371,18 +431,26 @@ impl LockServer {
             Backend::LeaseMysql => ("--mysql-url", self.lease_url.clone().unwrap_or_default()),
             Backend::Redlock | Backend::RedisSentinel => ("--redlock-urls", String::new()),
         };
+        let url = self
+            .ports()
+            .into_iter()
+            .fold(url, |url, port| match via.get(&port) {
+                Some(p) => via_proxy(&url, port, *p),
+                None => url,
+            });
         vec![
             ("--backend".into(), self.backend.name().into()),
-            (flag.into(), map(url)),
+            (flag.into(), url),
         ]
     }
 
+    /// SIGKILL the service: every server of it (all three of the ensemble).
     fn kill(&mut self) {
         if let Some(r) = self.redis.as_mut() {
             r.kill();
         }
         if let Some(z) = self.zookeeper.as_mut() {
-            z.kill();
+            z.kill_all();
         }
         if let Some(p) = self.postgres.as_mut() {
             p.kill();
@@ -392,12 +460,22 @@ impl LockServer {
         }
     }
 
-    async fn start_again(&mut self) {
+    /// Start it again and wait until it serves (the ensemble: all three).
+    async fn start_again(&mut self) -> anyhow::Result<()> {
         if let Some(r) = self.redis.as_mut() {
             r.start_again().await;
         }
-        if let Some(z) = self.zookeeper.as_mut() {
-            z.start_again().await;
+        match self.zookeeper.as_mut() {
+            Some(Zk::Standalone(z)) => z.start_again().await,
+            Some(Zk::Ensemble(e)) => {
+                for i in 0..e.len() {
+                    e.process(i).start()?;
+                }
+                e.wait_all_serving(ZOOKEEPER_WAIT)
+                    .await
+                    .map_err(|err| anyhow::anyhow!("ensemble after the restart: {err}"))?;
+            }
+            None => {}
         }
         if let Some(p) = self.postgres.as_mut() {
             p.start_again().await;
@@ -405,6 +483,7 @@ impl LockServer {
         if let Some(m) = self.mariadb.as_mut() {
             m.start_again().await;
         }
+        Ok(())
     }
 }
 
@@ -418,6 +497,8 @@ struct Page {
 /// A worker that edits one page until the end of the soak.
 struct Editor {
     page: usize,
+    /// The one ensemble server this worker may talk to (`None`: all).
+    pin: Option<usize>,
     proc: WorkerProc,
 }
 
@@ -444,12 +525,24 @@ struct Soak {
     /// libfaketime offset files of the jumpers, alive until the end.
     clocks: Vec<tempfile::NamedTempFile>,
     faults: Vec<FaultRecord>,
+    /// The kinds of fault this stack can take (the ensemble's need one).
+    kinds: Vec<Fault>,
+    /// The ensemble server the next pinned editor talks to (round robin).
+    next_pin: usize,
     next_client: usize,
     /// Each client's role, for the fault log.
     roles: HashMap<String, String>,
 }
 
 const FAULT_WAIT: Duration = Duration::from_secs(40);
+
+/// How long `zookeeper-partition` waits for its pinned worker's grant
+/// before it cuts anyway.
+const PARTITION_AIM: Duration = Duration::from_secs(10);
+
+/// How long the ensemble may take to serve again with all three servers
+/// (after a heal, a restart, an election).
+const ZOOKEEPER_WAIT: Duration = Duration::from_secs(60);
 
 /// Soak client `i`: the worker's id, its key's client and the lock holder.
 fn client_name(i: usize) -> String {
@@ -491,7 +584,7 @@ impl Soak {
         let mut pages = vec![];
         for &backend in &config.backends {
             eprintln!("soak: starting the lock server of {backend}");
-            locks.push(LockServer::start(backend).await?);
+            locks.push(LockServer::start(backend, config.zookeeper_standalone).await?);
             for i in 0..config.pages_per_backend {
                 pages.push(Page {
                     name: format!("soak-{}-{i}-{:x}", backend.name(), config.seed & 0xffff),
@@ -518,6 +611,11 @@ impl Soak {
             .wait_up(2, Duration::from_secs(30))
             .await
             .map_err(|e| anyhow::anyhow!("balancer: {e}"))?;
+        let ensemble = locks.iter().any(LockServer::is_ensemble);
+        let kinds: Vec<Fault> = Fault::ALL
+            .into_iter()
+            .filter(|f| ensemble || !f.needs_ensemble())
+            .collect();
         let started = Instant::now();
         let deadline = started + config.duration;
         let mut me = Self {
@@ -539,12 +637,20 @@ impl Soak {
             others: vec![],
             clocks: vec![],
             faults: vec![],
+            kinds,
+            next_pin: 0,
             next_client: 0,
             roles: HashMap::new(),
         };
+        // On the ensemble, each ZooKeeper page's first editor is pinned to
+        // one server (round robin, so the pages use different servers) and
+        // the others use all three: a partition of that server then cuts a
+        // lock holder off with the minority, while its peers go on with the
+        // majority.
         for page in 0..me.pages.len() {
-            for _ in 0..me.config.workers_per_page {
-                me.spawn_editor(page)?;
+            for n in 0..me.config.workers_per_page {
+                let pin = if n == 0 { me.next_pin_for(page) } else { None };
+                me.spawn_editor(page, pin)?;
             }
         }
         eprintln!(
@@ -572,21 +678,41 @@ impl Soak {
         Ok(client)
     }
 
-    /// A worker of `page` in `role` (`w` editor, `gc`, `dw`, `cj` stragglers).
+    /// The next ensemble server for a pinned editor of `page`, if the page's
+    /// lock service is the ensemble.
+    fn next_pin_for(&mut self, page: usize) -> Option<usize> {
+        let lock = &self.locks[self.pages[page].lock];
+        let servers = match lock.zookeeper.as_ref()? {
+            Zk::Ensemble(e) => e.len(),
+            Zk::Standalone(_) => return None,
+        };
+        let pin = self.next_pin % servers;
+        self.next_pin += 1;
+        Some(pin)
+    }
+
+    /// A worker of `page` in `role` (`w` editor, `gc`, `dw`, `cj` stragglers),
+    /// reaching its lock service through the proxies of `via` and, if
+    /// `pin`ned, through that one ensemble server only.
     fn spec(
         &mut self,
         page: usize,
         role: &str,
         gateway: &str,
-        lock_proxy: Option<u16>,
+        via: &HashMap<u16, u16>,
+        pin: Option<usize>,
     ) -> anyhow::Result<WorkerSpec> {
         let client = self.client()?;
-        self.roles.insert(client.clone(), role.to_string());
+        let role = match pin {
+            Some(i) => format!("{role}, on zk{} only", i + 1),
+            None => role.to_string(),
+        };
+        self.roles.insert(client.clone(), role);
         let work_ms = self.rng.random_range(20..=150);
         let lock = &self.locks[self.pages[page].lock];
         Ok(WorkerSpec {
             client,
-            args: lock.worker_args(lock_proxy),
+            args: lock.worker_args(via, pin),
             env: vec![],
         }
         .arg("--gateway", gateway)
@@ -605,14 +731,14 @@ impl Soak {
         }
     }
 
-    fn spawn_editor(&mut self, page: usize) -> anyhow::Result<()> {
+    fn spawn_editor(&mut self, page: usize, pin: Option<usize>) -> anyhow::Result<()> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         let gateway = self.balancer.url();
         let spec = self
-            .spec(page, "w", &gateway, None)?
+            .spec(page, "w", &gateway, &HashMap::new(), pin)?
             .arg("--duration", format!("{}ms", left.as_millis().max(1)));
         let proc = WorkerProc::spawn(&spec, &self.pages[page].log)?;
-        self.editors.push(Editor { page, proc });
+        self.editors.push(Editor { page, pin, proc });
         Ok(())
     }
 
@@ -623,7 +749,7 @@ impl Soak {
     }
 
     async fn inject_faults(&mut self) {
-        let mut first_pass: Vec<Fault> = Fault::ALL.to_vec();
+        let mut first_pass: Vec<Fault> = self.kinds.clone();
         first_pass.shuffle(&mut self.rng);
         while Instant::now() < self.deadline {
             let gap = Duration::from_millis(self.rng.random_range(500..=3000));
@@ -634,7 +760,7 @@ impl Soak {
             }
             let fault = match first_pass.pop() {
                 Some(f) => f,
-                None => Fault::ALL[self.rng.random_range(0..Fault::ALL.len())],
+                None => self.kinds[self.rng.random_range(0..self.kinds.len())],
             };
             let at_s = self.started.elapsed().as_secs_f64();
             let mut record = FaultRecord {
@@ -681,8 +807,14 @@ impl Soak {
                 record.target = self.who(&editor.proc.client);
                 editor.proc.crash().await;
                 let page = editor.page;
+                // A pinned editor's replacement is pinned too, to the next
+                // server, so that every server gets its turn.
+                let pin = match editor.pin {
+                    Some(_) => self.next_pin_for(page),
+                    None => None,
+                };
                 self.others.push((page, editor.proc));
-                self.spawn_editor(page)?;
+                self.spawn_editor(page, pin)?;
                 record.detail = format!(
                     "SIGKILL; replaced by {}",
                     self.editors.last().map_or("?", |e| e.proc.client.as_str())
@@ -692,7 +824,7 @@ impl Soak {
                 let page = self.rng.random_range(0..self.pages.len());
                 let gateway = self.balancer.url();
                 let spec = self
-                    .spec(page, "gc", &gateway, None)?
+                    .spec(page, "gc", &gateway, &HashMap::new(), None)?
                     .arg("--edits", 1)
                     .arg("--stop-self-at", "writing");
                 record.target = spec.client.clone();
@@ -722,11 +854,18 @@ impl Soak {
                 let page = self.rng.random_range(0..self.pages.len());
                 let gw_proxy =
                     DelayProxy::start(([127, 0, 0, 1], self.balancer.port()).into()).await?;
-                let lock_port = self.locks[self.pages[page].lock].port();
-                let lock_proxy = DelayProxy::start(([127, 0, 0, 1], lock_port).into()).await?;
+                // One proxy per lock server (three for the ensemble), all
+                // held together.
+                let mut lock_proxies = vec![];
+                let mut via = HashMap::new();
+                for port in self.locks[self.pages[page].lock].ports() {
+                    let proxy = DelayProxy::start(([127, 0, 0, 1], port).into()).await?;
+                    via.insert(port, proxy.port());
+                    lock_proxies.push(proxy);
+                }
                 let gateway = format!("http://127.0.0.1:{}", gw_proxy.port());
                 let spec = self
-                    .spec(page, "dw", &gateway, Some(lock_proxy.port()))?
+                    .spec(page, "dw", &gateway, &via, None)?
                     .arg("--edits", 1);
                 record.target = spec.client.clone();
                 self.spawn_other(page, &spec)?;
@@ -738,7 +877,7 @@ impl Soak {
                 })
                 .await?;
                 gw_proxy.set_mode(Mode::Hold);
-                lock_proxy.set_mode(Mode::Hold);
+                lock_proxies.iter().for_each(|p| p.set_mode(Mode::Hold));
                 let since = now_ms();
                 let c = client.clone();
                 let writing = log
@@ -751,7 +890,7 @@ impl Soak {
                     Err(e) => Err(e),
                 };
                 gw_proxy.set_mode(Mode::Pass);
-                lock_proxy.set_mode(Mode::Pass);
+                lock_proxies.iter().for_each(|p| p.set_mode(Mode::Pass));
                 record.detail = format!(
                     "{} bytes held until another holder wrote",
                     gw_proxy.bytes_delayed()
@@ -771,7 +910,9 @@ impl Soak {
                 let offset = tempfile::NamedTempFile::new()?;
                 std::fs::write(offset.path(), "+0\n")?;
                 let gateway = self.balancer.url();
-                let mut spec = self.spec(page, "cj", &gateway, None)?.arg("--edits", 3);
+                let mut spec = self
+                    .spec(page, "cj", &gateway, &HashMap::new(), None)?
+                    .arg("--edits", 3);
                 spec.env = vec![
                     ("LD_PRELOAD".into(), crate::scenarios::LIBFAKETIME.into()),
                     (
@@ -807,11 +948,20 @@ impl Soak {
             Fault::LockRestart => {
                 let i = self.rng.random_range(0..self.locks.len());
                 let outage = Duration::from_millis(self.rng.random_range(500..=2000));
-                record.target = self.locks[i].backend.name().into();
+                record.target = match self.locks[i].is_ensemble() {
+                    true => "zookeeper (all three servers)".into(),
+                    false => self.locks[i].backend.name().into(),
+                };
                 self.locks[i].kill();
                 tokio::time::sleep(outage).await;
-                self.locks[i].start_again().await;
-                record.detail = format!("down {} ms", outage.as_millis());
+                let restart = Instant::now();
+                let serving = self.locks[i].start_again().await;
+                record.detail = format!(
+                    "down {} ms; serving {} ms after the start",
+                    outage.as_millis(),
+                    restart.elapsed().as_millis()
+                );
+                serving?;
             }
             Fault::PostgresRestart => {
                 let outage = Duration::from_millis(self.rng.random_range(500..=2000));
@@ -874,6 +1024,119 @@ impl Soak {
                 );
                 marked.map_err(|e| anyhow::anyhow!("never marked down: {e}"))?;
             }
+            Fault::ZookeeperPartition => {
+                let pinned: Vec<usize> = (0..self.editors.len())
+                    .filter(|&e| self.editors[e].pin.is_some())
+                    .collect();
+                let &e = pinned
+                    .choose(&mut self.rng)
+                    .context("no editor is pinned to one ensemble server")?;
+                let hold = Duration::from_millis(self.rng.random_range(500..=4000));
+                let (page, cut) = (self.editors[e].page, self.editors[e].pin.unwrap_or(0));
+                let client = self.editors[e].proc.client.clone();
+                let who = self.who(&client);
+                let log = self.pages[page].log.clone();
+                let lock = self.pages[page].lock;
+                // Aim the cut at a lock holder: it comes when the pinned
+                // worker has just been granted the lock (or, if that takes
+                // longer than PARTITION_AIM, whenever; the detail says which).
+                let since = now_ms();
+                let c = client.clone();
+                let _ = log
+                    .wait_for("the pinned worker's grant", PARTITION_AIM, move |ev| {
+                        ev.client == c && ev.kind() == "acquired" && ev.received_ms >= since
+                    })
+                    .await;
+                let zk = self.locks[lock]
+                    .ensemble()
+                    .context("the pinned editor's page has no ensemble")?;
+                let mode = zk.mode(cut).await.unwrap_or_else(|| "not serving".into());
+                record.target = format!("zk{} ({mode}), {who}", cut + 1);
+                let cut_ms = now_ms();
+                zk.partition(cut)?;
+                tokio::time::sleep(hold).await;
+                // Whether the cut-off server noticed (a follower gives up
+                // after syncLimit × tickTime = 2.5 s without its leader).
+                let mode_at_heal = zk.mode(cut).await.unwrap_or_else(|| "not serving".into());
+                zk.heal()?;
+                let healed = Instant::now();
+                let serving = zk.wait_all_serving(ZOOKEEPER_WAIT).await;
+                let rejoined = healed.elapsed();
+                let events = log.all();
+                let holding = events
+                    .iter()
+                    .rfind(|ev| ev.client == client && ev.received_ms < cut_ms)
+                    .is_some_and(|ev| {
+                        matches!(ev.kind(), "acquired" | "read" | "writing" | "wrote")
+                    });
+                let during: Vec<&Event> = events
+                    .iter()
+                    .filter(|ev| ev.received_ms >= cut_ms)
+                    .collect();
+                let count = |mine: bool, kind: &str| {
+                    during
+                        .iter()
+                        .filter(|ev| (ev.client == client) == mine && ev.kind() == kind)
+                        .count()
+                };
+                record.detail = format!(
+                    "cut off {} ms (the session timeout is 2 s), {} at the heal; the pinned \
+                     worker {} the lock at the cut; all three serving {} ms after the heal; on \
+                     its page from the cut on: pinned worker {} wrote, {} lost, {} rejected, {} \
+                     errors; the others {} acquired, {} wrote",
+                    hold.as_millis(),
+                    mode_at_heal,
+                    if holding { "held" } else { "did not hold" },
+                    rejoined.as_millis(),
+                    count(true, "wrote"),
+                    count(true, "lost"),
+                    count(true, "rejected"),
+                    count(true, "error"),
+                    count(false, "acquired"),
+                    count(false, "wrote"),
+                );
+                serving.map_err(|err| anyhow::anyhow!("after the heal: {err}"))?;
+            }
+            Fault::ZookeeperLeaderKill => {
+                let down = Duration::from_millis(self.rng.random_range(500..=3000));
+                let lock = self
+                    .locks
+                    .iter()
+                    .position(LockServer::is_ensemble)
+                    .context("no ensemble")?;
+                let zk = self.locks[lock].ensemble().context("no ensemble")?;
+                let leader = zk.leader().await.context("no server says it leads")?;
+                record.target = format!("zk{} (leader)", leader + 1);
+                let killed = Instant::now();
+                zk.kill(leader);
+                let zk_ref: &ZooKeeperHosts = zk;
+                let elected = harness::wait_until(ZOOKEEPER_WAIT, || async move {
+                    match zk_ref.leader().await {
+                        Some(l) if l != leader => Ok(l),
+                        other => Err(format!("leader {other:?}")),
+                    }
+                })
+                .await;
+                let election = killed.elapsed();
+                tokio::time::sleep(down.saturating_sub(election)).await;
+                let restarted = killed.elapsed();
+                zk.process(leader).start()?;
+                let started = Instant::now();
+                let serving = zk.wait_all_serving(ZOOKEEPER_WAIT).await;
+                record.detail = format!(
+                    "SIGKILL; {} {} ms after the kill; started again {} ms after the kill, \
+                     all three serving {} ms later",
+                    match &elected {
+                        Ok(l) => format!("zk{} led", l + 1),
+                        Err(_) => "no new leader".into(),
+                    },
+                    election.as_millis(),
+                    restarted.as_millis(),
+                    started.elapsed().as_millis()
+                );
+                elected.map_err(|err| anyhow::anyhow!("no new leader: {err}"))?;
+                serving.map_err(|err| anyhow::anyhow!("after the restart: {err}"))?;
+            }
         }
         Ok(())
     }
@@ -916,6 +1179,11 @@ impl Soak {
             workers: (self.editors.len() + self.others.len()) as u64,
             violations: vec![],
             wall_s: 0.0,
+            zookeeper: if self.locks.iter().any(LockServer::is_ensemble) {
+                "ensemble"
+            } else {
+                "standalone"
+            },
         };
         for page in &self.pages {
             let events = page.log.all();

@@ -4,7 +4,10 @@
 //! the long one (docs/CHAOS.md, "Soak").
 //!
 //! `CHAOS_SOAK_MINUTES` changes the length; `CHAOS_SEED` replays a run.
-//! Needs the worker and gateway binaries: `cargo build -p worker -p gateway`.
+//! Needs the worker and gateway binaries: `cargo build -p worker -p gateway`,
+//! and root: the ZooKeeper ensemble runs in network namespaces (its two
+//! faults, `zookeeper-partition` and `zookeeper-leader-kill`, are among the
+//! kinds that must be injected).
 
 use std::time::Duration;
 
