@@ -186,9 +186,11 @@ pub(crate) fn pgbench_latencies(dir: &Path) -> anyhow::Result<Vec<Duration>> {
 /// same connection.
 pub(crate) fn mariadb_slap_query() -> String {
     let sql = Statements::for_table(DEFAULT_TABLE);
+    // Binds as `LeaseTable` sends them: holder (twice: both branches of the
+    // `if` that takes the bell), client, TTL in µs, name, lock-delay in µs.
     let grant = sql
         .mysql_acquire
-        .replacen('?', "'slap-holder'", 1)
+        .replacen('?', "'slap-holder'", 2)
         .replacen('?', "'slap-client'", 1)
         .replacen('?', "10000000", 1)
         .replacen('?', "'limit'", 1)
@@ -374,6 +376,10 @@ mod tests {
     fn the_limits_sql_keeps_every_statement_whole_without_comments() {
         let slap = mariadb_slap_query();
         assert!(!slap.contains("--"), "{slap}");
+        assert!(!slap.contains('?'), "every parameter bound: {slap}");
+        let (grant, _) = slap.split_once(';').expect("two statements");
+        assert!(grant.contains("where l.name = 'limit'"), "{grant}");
+        assert!(grant.contains("l.client_id = 'slap-client'"), "{grant}");
         assert_eq!(slap.matches(';').count(), 1, "two statements: {slap}");
         assert!(slap.contains("where l.name = 'limit'"), "{slap}");
         let pgbench = pgbench_script();

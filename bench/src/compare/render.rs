@@ -97,7 +97,7 @@ fn service_versions() -> Vec<String> {
             f.strip_prefix("zookeeper-")?
                 .strip_suffix(".jar")
                 .filter(|ver| ver.starts_with(|c: char| c.is_ascii_digit()))
-                .map(|ver| format!("ZooKeeper {ver} (standalone)"))
+                .map(|ver| format!("ZooKeeper {ver}, standalone and a 3-node ensemble"))
         });
     v.extend(zk);
     v
@@ -593,7 +593,8 @@ pub fn markdown(report: &Report) -> String {
     let _ = writeln!(
         out,
         "- Every service is a private, real process started by the command ({}); Redlock runs \
-         on 5 independent redis-servers. All share the machine with the benchmark itself.",
+         on 5 independent redis-servers, Sentinel on a master, one replica and 3 sentinels. \
+         All share the machine with the benchmark itself.",
         if m.services.is_empty() {
             "versions unknown".to_string()
         } else {
