@@ -87,6 +87,12 @@ impl Wakers {
             .is_some_and(|v| !v.is_empty())
     }
 
+    /// Whether nobody waits under any key.
+    #[cfg_attr(not(feature = "lease-postgres"), allow(dead_code))]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.routes.lock().expect("wakers mutex").is_empty()
+    }
+
     /// A notification for `key`: wake its waiters that `target` concerns.
     pub(crate) fn notify(&self, key: &str, target: &str) {
         let routes = self.routes.lock().expect("wakers mutex");

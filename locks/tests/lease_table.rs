@@ -682,6 +682,66 @@ async fn waiter_is_woken_by_the_release((svc, db): (LeaseTable, Db), fair: bool)
     granted.release().await.unwrap();
 }
 
+/// While the `LISTEN` connection is open, every release is delivered to it,
+/// waited for or not (it made uncontended acquire+release 2–3× slower after
+/// one contended moment): it closes when nobody has waited for a while, and
+/// the next waiter opens it again and is still woken by the release, not by
+/// the 60 s fallback poll.
+#[tokio::test]
+async fn postgres_the_listen_connection_closes_when_nobody_waits_and_the_next_waiter_reopens_it() {
+    let (svc, db) = postgres_at().await;
+    let Db::Postgres(pool, _) = &db else {
+        unreachable!()
+    };
+    let listening = || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity \
+              where datname = current_database() and pid <> pg_backend_pid() \
+                and query ilike 'listen %'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let waiter = svc.clone().with_poll_fallback(Duration::from_secs(60));
+    for round in 1..=2 {
+        let notified = waiter.wait_stats().notified;
+        let tries = waiter.wait_stats().tries;
+        let lease = svc
+            .acquire("page", Duration::from_secs(30), Duration::ZERO)
+            .await
+            .unwrap();
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move {
+                waiter
+                    .acquire("page", Duration::from_secs(30), Duration::from_secs(50))
+                    .await
+            }
+        });
+        // The holder's try, then the waiter's two: refused, listening,
+        // refused again (the clones share their counters).
+        wait_tries(&waiter, tries + 3).await;
+        assert_eq!(listening().await, 1, "round {round}: one LISTEN connection");
+        lease.release().await.unwrap();
+        let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("woken by the release, long before the fallback poll")
+            .unwrap()
+            .unwrap();
+        assert_eq!(waiter.wait_stats().notified, notified + 1, "round {round}");
+        granted.release().await.unwrap();
+        harness::wait_until(Duration::from_secs(10), || async {
+            match listening().await {
+                0 => Ok(()),
+                n => Err(format!("{n} LISTEN connection(s) with nobody waiting")),
+            }
+        })
+        .await
+        .unwrap();
+    }
+}
+
 #[tokio::test]
 async fn postgres_tokens_keep_increasing_across_a_database_crash() {
     let mut pg = Postgres::start().await;
