@@ -108,9 +108,12 @@ async fn a_failover_that_loses_a_grant_hands_the_lock_and_its_token_to_a_second_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_refuses_and_releases_a_grant_that_no_replica_acknowledged() {
     let mut group = SentinelGroup::start().await;
+    // 2 s: long enough for an in-sync replica's acknowledgement on a loaded
+    // machine (200 ms was not, in CI, with the other tests' groups
+    // starting), and the frozen replica's refusal still comes within it.
     let waiting = client(&group, "w")
         .await
-        .with_wait(1, Duration::from_millis(200));
+        .with_wait(1, Duration::from_secs(2));
     // With the replica in sync, WAIT 1 passes.
     let lease = waiting
         .acquire_with("y", held(Duration::from_secs(5)))
