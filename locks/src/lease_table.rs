@@ -115,7 +115,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 #[cfg(feature = "lease-postgres")]
-use crate::wake::{Registration, Wakers};
+use crate::wake::{Registration, SubscribedWaiter, Wakers};
 use crate::{
     default_client_id, validate_client_id, validity_for, wait_for_grant, AcquireOptions, Fencing,
     Grant, Holder, HolderLookup, Lease, LockError, LockService, NewLease, Token, Try, WaitCounters,
@@ -1375,7 +1375,7 @@ impl LeaseTable {
                         wait_for_grant(name, opts.wait, counters, attempt, || async {
                             let registration =
                                 self.shared.listen.register(pool, name, filter).await;
-                            NotifiedWaiter(registration)
+                            SubscribedWaiter(registration)
                         })
                         .await
                     }
@@ -1473,33 +1473,6 @@ impl Drop for QueuePlace {
         };
         let (name, waiter) = (std::mem::take(&mut self.name), self.waiter.clone());
         rt.spawn(async move { table.leave(&name, &waiter).await });
-    }
-}
-
-/// A PostgreSQL waiter: its registration with the `LISTEN` connection, or
-/// `None` when that is unavailable (then it polls at the bound). Registered
-/// after the first refusal, so it tries once more before it waits.
-#[cfg(feature = "lease-postgres")]
-struct NotifiedWaiter(Option<Registration>);
-
-#[cfg(feature = "lease-postgres")]
-impl Waiter for NotifiedWaiter {
-    const TRY_AFTER_SETUP: bool = true;
-
-    fn arm(&mut self) {
-        if let Some(r) = &mut self.0 {
-            r.arm();
-        }
-    }
-
-    async fn wait(&mut self, bound: Duration) -> Result<bool, LockError> {
-        Ok(match &mut self.0 {
-            Some(r) => r.wait(bound).await,
-            None => {
-                tokio::time::sleep(bound).await;
-                false
-            }
-        })
     }
 }
 

@@ -209,4 +209,8 @@ pub use lease::{
 };
 pub use token::{Token, TokenError};
 #[cfg(any(feature = "redis", feature = "lease-postgres", feature = "lease-mysql"))]
-pub(crate) use wake::{wait_for_grant, Try, WaitCounters, Waiter};
+pub(crate) use wake::{wait_for_grant, Try, WaitCounters};
+// The lease tables' own waiters (the MariaDB bell, a registered PostgreSQL
+// waiter); Redis uses `wake::SubscribedWaiter`.
+#[cfg(any(feature = "lease-postgres", feature = "lease-mysql"))]
+pub(crate) use wake::Waiter;

@@ -121,11 +121,11 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, Value}
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::wake::{Registration, Wakers};
+use crate::wake::{Registration, SubscribedWaiter, Wakers};
 use crate::{
     default_client_id, validate_client_id, validity_for, wait_for_grant, AcquireOptions, Fencing,
     Grant, Holder, HolderLookup, Lease, LockError, LockService, NewLease, Token, Try, WaitCounters,
-    WaitStats, Waiter,
+    WaitStats,
 };
 
 /// The issuer name sent with every token.
@@ -656,7 +656,7 @@ impl RedisLock {
             || self.try_grant(name, opts, &owner, &waiter, queue),
             || async {
                 let filter = self.fair.then(|| waiter.clone());
-                RedisWaiter(
+                SubscribedWaiter(
                     self.inner
                         .notifier
                         .subscribe(&self.inner, name, filter)
@@ -721,30 +721,6 @@ impl Drop for QueuePlace {
         };
         let (name, waiter) = (std::mem::take(&mut self.name), self.waiter.clone());
         rt.spawn(async move { leave(lock, &name, &waiter).await });
-    }
-}
-
-/// A Redis waiter: its subscription, or `None` when pub/sub is unavailable
-/// (then it polls at the bound).
-struct RedisWaiter(Option<Registration>);
-
-impl Waiter for RedisWaiter {
-    const TRY_AFTER_SETUP: bool = true;
-
-    fn arm(&mut self) {
-        if let Some(r) = &mut self.0 {
-            r.arm();
-        }
-    }
-
-    async fn wait(&mut self, bound: Duration) -> Result<bool, LockError> {
-        Ok(match &mut self.0 {
-            Some(r) => r.wait(bound).await,
-            None => {
-                tokio::time::sleep(bound).await;
-                false
-            }
-        })
     }
 }
 

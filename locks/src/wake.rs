@@ -217,6 +217,32 @@ pub(crate) trait Waiter: Send {
     ) -> impl std::future::Future<Output = Result<bool, LockError>> + Send;
 }
 
+/// A waiter subscribed after its first refusal (a Redis channel, a
+/// PostgreSQL `LISTEN`), or `None` when notifications are unavailable: then
+/// it polls at the bound. Subscribed after a refusal, it tries once more
+/// before it waits.
+pub(crate) struct SubscribedWaiter(pub(crate) Option<Registration>);
+
+impl Waiter for SubscribedWaiter {
+    const TRY_AFTER_SETUP: bool = true;
+
+    fn arm(&mut self) {
+        if let Some(r) = &mut self.0 {
+            r.arm();
+        }
+    }
+
+    async fn wait(&mut self, bound: Duration) -> Result<bool, LockError> {
+        Ok(match &mut self.0 {
+            Some(r) => r.wait(bound).await,
+            None => {
+                tokio::time::sleep(bound).await;
+                false
+            }
+        })
+    }
+}
+
 /// The loop of a notified lock, as Redisson's `RedissonLock.lock` runs it:
 /// try; on a refusal set the waiter up (subscribe) and try again; then wait
 /// for a notification or the bound the refusal gave, and try again; until
