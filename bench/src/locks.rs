@@ -8,7 +8,8 @@
 //!   client; the pair's rate is `1 / (1/grant + 1/release)`, its latency the
 //!   sum of the two;
 //! - the limit for PostgreSQL: `pgbench -M prepared` running the same lease
-//!   SQL (`Statements::pg_acquire` then `pg_release`) against the same database;
+//!   SQL (`Statements::pg_acquire_fair_light` then `pg_release_light`: an
+//!   uncontended acquire and release) against the same database;
 //! - the limit for MariaDB: `mariadb-slap` running the same SQL
 //!   (`mysql_acquire` then `mysql_release`; it reports no latencies);
 //! - the peer: the Python `redis` package's `Lock` (its defaults: 0.1 s sleep

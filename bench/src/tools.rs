@@ -109,18 +109,19 @@ pub(crate) fn parse_redis_benchmark(out: &str) -> anyhow::Result<(f64, Duration,
 }
 
 /// The pgbench script: the lease grant SQL (`\gset` keeps its token), then the
-/// release SQL with `:token`.
+/// release SQL with `:token`: the statements of an uncontended acquire and
+/// release of the fair lock (the light ones, see `fencelock::lease_table`).
 pub(crate) fn pgbench_script() -> String {
     let sql = Statements::for_table(DEFAULT_TABLE);
     let grant = sql
-        .pg_acquire
+        .pg_acquire_fair_light
         .replace("$1", "'pgbench'")
         .replace("$2", "'pgbench-holder'")
         .replace("$3", "10.0")
         .replace("$4", "0.0")
         .replace("$5", "'pgbench-client'");
     let release = sql
-        .pg_release
+        .pg_release_light
         .replace("$1", "'pgbench'")
         .replace("$2", "'pgbench-holder'")
         .replace("$3", ":token");

@@ -40,6 +40,27 @@
 //! released. Fair and non-fair clients of one table exclude each other (one
 //! row per name); a non-fair client can overtake the queue.
 //!
+//! # The uncontended path (PostgreSQL)
+//! Looking at the queue costs even when it is empty: on PostgreSQL, every
+//! further table a statement touches (a subquery on the queue, a CTE that
+//! could insert into it) made the pair of statements 3–5 % slower under
+//! pgbench, and together they made an uncontended fair acquire+release
+//! 0.85× of the lock before fairness. So a service remembers which locks
+//! it saw contended (a try refused within the last 5 s), and otherwise
+//! takes light statements: the first try is the grant alone
+//! ([`Statements::pg_acquire_light`]; fair:
+//! [`Statements::pg_acquire_fair_light`], the grant if no place in the queue
+//! is live), and a refusal is followed at once by the statement that queues
+//! and says how long to wait. The release is light
+//! ([`Statements::pg_release_light`]: notify `*`, no look at the queue)
+//! unless the holder is a fair waiter that was granted after waiting, whose
+//! successors know they are behind it: its release names the first one. A
+//! fair waiter's refused try answers whether a live place is ahead of its
+//! own; while one is, a `*` does not wake it, so a light release wakes the
+//! first in line and not the whole queue. The memory is per service (per
+//! process): a holder that never waited releases lightly even when other
+//! processes queue, which is what `*` is for.
+//!
 //! # Waiting: PostgreSQL is notified, MariaDB rings a bell
 //! PostgreSQL: the release statement itself calls `pg_notify` (channel: the
 //! table's name; payload: the first live waiter's id, or `*`, and the lock's
@@ -49,7 +70,8 @@
 //! filtered), and only a release that matched our holder notifies. `NOTIFY`
 //! is transactional either way: it is delivered when the release commits.
 //! One `LISTEN`ing connection per [`LeaseTable`] (taken from its pool at the
-//! first contended acquire, kept) routes the notifications to this process's
+//! first contended acquire, closed 0.2–0.3 s after its last waiter left, see
+//! `LISTEN_IDLE`) routes the notifications to this process's
 //! waiters; a refused waiter starts it before its second try, so a release
 //! between its first try and its wait is not missed. When that connection is
 //! lost every waiter is woken (a notification may have been lost with it).
@@ -150,14 +172,23 @@ const KNOWN_ROWS: usize = 4096;
 /// tried again.
 #[cfg(feature = "lease-postgres")]
 const LISTEN_RETRY: Duration = Duration::from_secs(1);
-/// The `LISTEN` connection is closed once three checks this far apart (0.5–0.75 s)
+/// The `LISTEN` connection is closed once three checks this far apart (0.2–0.3 s)
 /// found no waiter in this process: while it is open, every release of the
 /// table, waited for or not, is delivered to it and costs both the server
 /// and this process a wake-up (it made uncontended acquire+release 2–3×
-/// slower after one contended moment). The next refused acquire opens it
-/// again (one connection, one round trip).
+/// slower after one contended moment, and still 15 % slower for the 0.5–0.75 s
+/// it stayed open before this was shortened). The next refused acquire opens
+/// it again (one connection, one round trip).
 #[cfg(feature = "lease-postgres")]
-const LISTEN_IDLE: Duration = Duration::from_millis(250);
+const LISTEN_IDLE: Duration = Duration::from_millis(100);
+/// A lock whose try was refused this recently counts as contended: its
+/// acquires start with the statement that queues. Otherwise they start with
+/// the light grant. Mistaking a contended lock for a quiet one costs one
+/// light statement more per refused acquire; the other way round, a heavier
+/// first try (0.85× instead of 0.97× of the pre-fairness pair under
+/// pgbench): a burst of contention is remembered for a while.
+#[cfg(feature = "lease-postgres")]
+const CONTENDED_FOR: Duration = Duration::from_secs(5);
 /// The longest a table name can be: its queue adds `_waiters`.
 const MAX_TABLE_NAME: usize = 63 - "_waiters".len();
 
@@ -241,6 +272,18 @@ pub struct Statements {
     /// version: of two concurrent acquirers, the second waits for the first's
     /// row lock, then sees the new `expires_at` and updates nothing.
     pub pg_acquire: String,
+    /// PostgreSQL non-fair grant, light: the grant of
+    /// [`Statements::pg_acquire`] alone (`$1`..`$5` the same), returning the
+    /// new token, or no row when refused. The first try of an acquire whose
+    /// lock this service has not seen contended lately (see "The uncontended
+    /// path" in the module docs); a refusal is followed at once by
+    /// [`Statements::pg_acquire`], which says how long to wait.
+    pub pg_acquire_light: String,
+    /// PostgreSQL fair grant, light: [`Statements::pg_acquire_light`] given
+    /// only when no place in the queue is live (`$1`..`$5` the same). It
+    /// neither queues nor says how long to wait: a refusal is followed at
+    /// once by [`Statements::pg_acquire_fair_first`].
+    pub pg_acquire_fair_light: String,
     /// PostgreSQL fair grant: `$1`..`$5` as [`Statements::pg_acquire`], `$6`
     /// how long a place in the queue lasts, in seconds (0: do not queue).
     /// Same answer.
@@ -265,12 +308,20 @@ pub struct Statements {
     /// PostgreSQL renew: `$1` name, `$2` holder, `$3` token, `$4` TTL in seconds.
     pub pg_renew: String,
     /// PostgreSQL release: `$1` name, `$2` holder, `$3` token. Keeps the row.
-    /// Answers 1 when released, 0 when the row was no longer ours; a release
-    /// notifies the table's channel (payload `<first live waiter or *> <name>`),
-    /// delivered at commit.
+    /// Answers a row when released, none when the row was no longer ours; a
+    /// release notifies the table's channel (payload `<first live waiter or
+    /// *> <name>`), delivered at commit. The release of a fair lock that this
+    /// service has seen contended lately.
     pub pg_release: String,
+    /// PostgreSQL release, light: [`Statements::pg_release`] without looking
+    /// at the queue; the payload is `* <name>`, which wakes every waiter of
+    /// the lock (the first in line is granted, the others wait again). The
+    /// release of a non-fair lock (whose waiters wake on any release
+    /// anyway), and of a fair one not seen contended lately.
+    pub pg_release_light: String,
     /// PostgreSQL: a fair waiter that gives up deletes its place (`$1` name,
-    /// `$2` waiter) and, if it was first and the lock is free, wakes the others.
+    /// `$2` waiter) and, if it was first, wakes the waiter after it (by name:
+    /// that one knows it was behind), or, nobody after it, every waiter.
     pub pg_leave: String,
     /// PostgreSQL holder lookup: `$1` name. The client id and token of a lease
     /// that is neither released nor lapsed, by the database's clock.
@@ -417,13 +468,32 @@ update {t} l
    and ((l.released and l.expires_at <= now(6))
      or (not l.released and l.expires_at + interval ? microsecond <= now(6)))"
         );
+        // How long to wait after a refused fair try: the lease's rest, or
+        // (free, another waiter first) that waiter's place's.
+        let pg_not_queued = format!(
+            "where not exists (select 1 from {t}_waiters w
+                      where w.name = $1 and w.expires_at > now())"
+        );
         Statements {
+            pg_acquire_light: pg_grant.replace(
+                "SOURCE",
+                "values ($1, $2, $5, 1, now() + make_interval(secs => $3), false, now())",
+            ),
+            pg_acquire_fair_light: pg_grant.replace(
+                "SOURCE",
+                &format!(
+                    "select $1, $2, $5, 1, now() + make_interval(secs => $3), false, now()
+   {pg_not_queued}"
+                ),
+            ),
             pg_acquire: format!(
                 "
 with granted as ({}
 )
-select (select token from granted) as token,
-       {pg_held_for} as wait_secs",
+select g.token,
+       case when g.token is null then {pg_held_for} end as wait_secs,
+       null::boolean as behind
+  from (select (select token from granted) as token) g",
                 pg_grant.replace(
                     "SOURCE",
                     "values ($1, $2, $5, 1, now() + make_interval(secs => $3), false, now())"
@@ -438,15 +508,24 @@ queued as (
   select $1, $2, now() + make_interval(secs => $6)
    where $6 > 0 and not exists (select 1 from granted)
   on conflict (name, waiter) do update set expires_at = excluded.expires_at
+),
+ahead as (
+  select w.expires_at from {t}_waiters w
+   where w.name = $1 and w.expires_at > now() and w.waiter <> $2
+   order by w.ticket limit 1
 )
-select (select token from granted) as token,
-       {pg_held_for} as wait_secs",
+select g.token,
+       case when g.token is null then
+         greatest({pg_held_for},
+                  (select extract(epoch from a.expires_at - now())::float8 from ahead a))
+       end as wait_secs,
+       g.token is null and exists (select 1 from ahead) as behind
+  from (select (select token from granted) as token) g",
                 pg_grant.replace(
                     "SOURCE",
                     &format!(
                         "select $1, $2, $5, 1, now() + make_interval(secs => $3), false, now()
-   where not exists (select 1 from {t}_waiters w
-                      where w.name = $1 and w.expires_at > now())"
+   {pg_not_queued}"
                     )
                 )
             ),
@@ -473,10 +552,14 @@ queued as (
    where $6 > 0 and not exists (select 1 from granted)
   on conflict (name, waiter) do update set expires_at = excluded.expires_at
 )
-select (select token from granted) as token,
-       greatest({pg_held_for},
-                (select extract(epoch from f.expires_at - now())::float8
-                   from first f where f.waiter <> $2)) as wait_secs",
+select g.token,
+       case when g.token is null then
+         greatest({pg_held_for},
+                  (select extract(epoch from f.expires_at - now())::float8
+                     from first f where f.waiter <> $2))
+       end as wait_secs,
+       g.token is null and exists (select 1 from first f where f.waiter <> $2) as behind
+  from (select (select token from granted) as token) g",
                 pg_grant.replace(
                     "SOURCE",
                     "select $1, $2, $5, 1, now() + make_interval(secs => $3), false, now()
@@ -491,20 +574,20 @@ update {t} set expires_at = now() + make_interval(secs => $4)
             ),
             pg_release: format!(
                 "
-with released as (
-  update {t} set expires_at = now(), released = true
-   where name = $1 and holder = $2 and token = $3
-     and not released and expires_at > now()
-  returning name
-),
-notified as (
-  select pg_notify('{t}', coalesce(
+update {t} l set expires_at = now(), released = true
+ where l.name = $1 and l.holder = $2 and l.token = $3
+   and not l.released and l.expires_at > now()
+returning pg_notify('{t}', coalesce(
            (select w.waiter from {t}_waiters w
-             where w.name = r.name and w.expires_at > now()
-             order by w.ticket limit 1), '*') || ' ' || r.name)
-    from released r
-)
-select (select count(*) from notified) as released"
+             where w.name = l.name and w.expires_at > now()
+             order by w.ticket limit 1), '*') || ' ' || l.name)"
+            ),
+            pg_release_light: format!(
+                "
+update {t} l set expires_at = now(), released = true
+ where l.name = $1 and l.holder = $2 and l.token = $3
+   and not l.released and l.expires_at > now()
+returning pg_notify('{t}', '* ' || l.name)"
             ),
             pg_leave: format!(
                 "
@@ -512,7 +595,11 @@ with gone as (
   delete from {t}_waiters where name = $1 and waiter = $2 returning ticket
 ),
 notified as (
-  select pg_notify('{t}', '* ' || $1) from gone g
+  select pg_notify('{t}', coalesce(
+           (select w.waiter from {t}_waiters w
+             where w.name = $1 and w.ticket > g.ticket and w.expires_at > now()
+             order by w.ticket limit 1), '*') || ' ' || $1)
+    from gone g
    where not exists (select 1 from {t}_waiters w
                       where w.name = $1 and w.ticket < g.ticket and w.expires_at > now())
 )
@@ -766,6 +853,11 @@ struct Shared {
     statements: AtomicU64,
     #[cfg(feature = "lease-postgres")]
     listen: Arc<Listen>,
+    /// PostgreSQL: lock names refused lately, and when (at most
+    /// [`KNOWN_ROWS`]): their acquires and releases take the statements made
+    /// for contention (see "The uncontended path" in the module docs).
+    #[cfg(feature = "lease-postgres")]
+    contended: Mutex<std::collections::HashMap<String, Instant>>,
     /// MariaDB: lock names whose row is known to exist, so that a refused
     /// grant need not try to create it (at most [`KNOWN_ROWS`]; forgotten
     /// when a wait finds no row).
@@ -774,6 +866,29 @@ struct Shared {
 }
 
 impl Shared {
+    /// Whether a try of lock `name` was refused within [`CONTENDED_FOR`].
+    #[cfg(feature = "lease-postgres")]
+    fn is_contended(&self, name: &str) -> bool {
+        self.contended
+            .lock()
+            .expect("contended")
+            .get(name)
+            .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+    }
+
+    /// A try of lock `name` was refused just now.
+    #[cfg(feature = "lease-postgres")]
+    fn contend(&self, name: &str) {
+        let mut contended = self.contended.lock().expect("contended");
+        if contended.len() >= KNOWN_ROWS && !contended.contains_key(name) {
+            contended.retain(|_, at| at.elapsed() < CONTENDED_FOR);
+            if contended.len() >= KNOWN_ROWS {
+                contended.clear();
+            }
+        }
+        contended.insert(name.to_string(), Instant::now());
+    }
+
     #[cfg(feature = "lease-mysql")]
     fn row_known(&self, name: &str) -> bool {
         self.known_rows.lock().expect("known rows").contains(name)
@@ -902,6 +1017,8 @@ impl LeaseTable {
                 statements: AtomicU64::new(0),
                 #[cfg(feature = "lease-postgres")]
                 listen: Arc::new(Listen::new(table)),
+                #[cfg(feature = "lease-postgres")]
+                contended: Mutex::default(),
                 #[cfg(feature = "lease-mysql")]
                 known_rows: Mutex::default(),
             }),
@@ -1070,6 +1187,7 @@ impl LeaseTable {
                 token,
                 bell: tokio::sync::Mutex::new(kept.bell),
                 served: Mutex::new(kept.served),
+                waited: kept.waited,
             }),
             lost_trigger: None,
         })
@@ -1097,25 +1215,64 @@ impl LeaseTable {
         // takes the uncontended path; a waiter's later tries look for their
         // own place at the head of the queue.
         let first = state.first.swap(false, Ordering::Relaxed) || !queue;
-        let (token, wait_secs): (Option<i64>, Option<f64>) = with_reconnect(|| async {
-            self.sent(1);
-            let q = match (self.fair, first) {
-                (false, _) => &self.sql.pg_acquire,
-                (true, true) => &self.sql.pg_acquire_fair_first,
-                (true, false) => &self.sql.pg_acquire_fair,
+        if first && !self.shared.is_contended(name) {
+            // The light statement: the grant alone (fair: if nobody queues).
+            let q = if self.fair {
+                &self.sql.pg_acquire_fair_light
+            } else {
+                &self.sql.pg_acquire_light
             };
-            let mut q = sqlx::query_as(q)
-                .bind(name)
-                .bind(holder)
-                .bind(opts.ttl.as_secs_f64())
-                .bind(self.lock_delay.as_secs_f64())
-                .bind(&*self.client_id);
-            if self.fair {
-                q = q.bind(place);
+            let token: Option<i64> = with_reconnect(|| async {
+                self.sent(1);
+                sqlx::query_scalar(q)
+                    .bind(name)
+                    .bind(holder)
+                    .bind(opts.ttl.as_secs_f64())
+                    .bind(self.lock_delay.as_secs_f64())
+                    .bind(&*self.client_id)
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(|e| self.err(e))
+            })
+            .await?;
+            if let Some(t) = token {
+                return Ok(Try::Granted(self.lease(
+                    name,
+                    opts,
+                    requested_at,
+                    holder,
+                    self.token(t)?,
+                    Kept::default(),
+                )));
             }
-            q.fetch_one(pool).await.map_err(|e| self.err(e))
-        })
-        .await?;
+            // Refused: from now on the lock counts as contended, and the
+            // statement made for that (which queues a fair waiter and says
+            // how long to wait) follows at once. A try-lock needs neither.
+            self.shared.contend(name);
+            if !queue {
+                return Ok(Try::Refused(self.poll_fallback));
+            }
+        }
+        let (token, wait_secs, behind): (Option<i64>, Option<f64>, Option<bool>) =
+            with_reconnect(|| async {
+                self.sent(1);
+                let q = match (self.fair, first) {
+                    (false, _) => &self.sql.pg_acquire,
+                    (true, true) => &self.sql.pg_acquire_fair_first,
+                    (true, false) => &self.sql.pg_acquire_fair,
+                };
+                let mut q = sqlx::query_as(q)
+                    .bind(name)
+                    .bind(holder)
+                    .bind(opts.ttl.as_secs_f64())
+                    .bind(self.lock_delay.as_secs_f64())
+                    .bind(&*self.client_id);
+                if self.fair {
+                    q = q.bind(place);
+                }
+                q.fetch_one(pool).await.map_err(|e| self.err(e))
+            })
+            .await?;
         Ok(match token {
             Some(t) => Try::Granted(self.lease(
                 name,
@@ -1124,11 +1281,17 @@ impl LeaseTable {
                 holder,
                 self.token(t)?,
                 Kept {
-                    bell: Bell::default(),
-                    served: None,
+                    waited: !first,
+                    ..Kept::default()
                 },
             )),
-            None => Try::Refused(self.bound(wait_secs)),
+            None => {
+                self.shared.contend(name);
+                state
+                    .behind
+                    .store(behind.unwrap_or(false), Ordering::SeqCst);
+                Try::Refused(self.bound(wait_secs))
+            }
         })
     }
 
@@ -1216,7 +1379,11 @@ impl LeaseTable {
                 requested_at,
                 holder,
                 token,
-                Kept { bell, served },
+                Kept {
+                    bell,
+                    served,
+                    waited: false,
+                },
             );
             return Ok(Try::Granted(lease));
         }
@@ -1342,6 +1509,8 @@ impl LeaseTable {
         let counters = &self.shared.counters;
         let state = AcquireState {
             first: AtomicBool::new(true),
+            #[cfg(feature = "lease-postgres")]
+            behind: Arc::default(),
             #[cfg(feature = "lease-mysql")]
             my: tokio::sync::Mutex::new(MyWait::default()),
         };
@@ -1349,12 +1518,15 @@ impl LeaseTable {
             #[cfg(feature = "lease-postgres")]
             Pool::Postgres(pool) => {
                 let filter = self.fair.then(|| holder.clone());
+                let behind = self.fair.then(|| state.behind.clone());
                 // While the `LISTEN` connection runs, register before the
                 // first try, which costs no round trip: a release after it
                 // is seen, so a refusal is followed by the wait at once.
                 // Otherwise start it after the first refusal and try again.
                 let registered = if queue {
-                    self.shared.listen.register_if_running(name, filter.clone())
+                    self.shared
+                        .listen
+                        .register_if_running(name, filter.clone(), behind.clone())
                 } else {
                     None
                 };
@@ -1373,8 +1545,11 @@ impl LeaseTable {
                         let attempt =
                             || self.try_postgres(pool, name, opts, &holder, queue, &state);
                         wait_for_grant(name, opts.wait, counters, attempt, || async {
-                            let registration =
-                                self.shared.listen.register(pool, name, filter).await;
+                            let registration = self
+                                .shared
+                                .listen
+                                .register(pool, name, filter, behind)
+                                .await;
                             SubscribedWaiter(registration)
                         })
                         .await
@@ -1424,6 +1599,10 @@ impl LeaseTable {
 struct AcquireState {
     /// No try sent yet: the next one takes the uncontended path.
     first: AtomicBool,
+    /// PostgreSQL, fair: the last refused try saw a live place ahead of ours
+    /// (see [`Wakers::register_behind`]).
+    #[cfg(feature = "lease-postgres")]
+    behind: Arc<AtomicBool>,
     /// MariaDB: the acquire's connection and its place.
     #[cfg(feature = "lease-mysql")]
     my: tokio::sync::Mutex<MyWait>,
@@ -1529,11 +1708,16 @@ impl Listen {
     /// Register a waiter for lock `name` if the table's channel is being
     /// listened to already (no round trip); `None` otherwise. Should the
     /// listening task end right after, it wakes every waiter.
-    fn register_if_running(&self, name: &str, waiter: Option<Arc<str>>) -> Option<Registration> {
+    fn register_if_running(
+        &self,
+        name: &str,
+        waiter: Option<Arc<str>>,
+        behind: Option<Arc<AtomicBool>>,
+    ) -> Option<Registration> {
         if !self.running.load(Ordering::SeqCst) {
             return None;
         }
-        let registration = self.wakers.register(name, waiter);
+        let registration = self.wakers.register_behind(name, waiter, behind);
         // Checked again after registering: a task that ended in between
         // woke the waiters registered before us, not us; and a task that
         // stops for want of waiters clears the flag before it looks for
@@ -1549,8 +1733,9 @@ impl Listen {
         pool: &PgPool,
         name: &str,
         waiter: Option<Arc<str>>,
+        behind: Option<Arc<AtomicBool>>,
     ) -> Option<Registration> {
-        let registration = self.wakers.register(name, waiter);
+        let registration = self.wakers.register_behind(name, waiter, behind);
         let mut state = self.state.lock().await;
         if state.running {
             return Some(registration);
@@ -1728,9 +1913,13 @@ impl Waiter for BellWaiter<'_> {
 
 /// What a MariaDB grant keeps until its release: the bells' connection, and
 /// the deletion of its place in the queue while that is in flight.
+#[derive(Default)]
 struct Kept {
     bell: Bell,
     served: Option<tokio::task::JoinHandle<()>>,
+    /// PostgreSQL: granted to a waiter, after its first try: whoever queued
+    /// behind it knows so, and waits for a release that names it.
+    waited: bool,
 }
 
 /// MariaDB: the pool connection that holds an acquire's or a lease's bells
@@ -1805,6 +1994,9 @@ struct LeaseGrant {
     bell: tokio::sync::Mutex<Bell>,
     /// MariaDB, fair: the deletion of our place in the queue, in flight.
     served: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// See [`Kept::waited`].
+    #[cfg_attr(not(feature = "lease-postgres"), allow(dead_code))]
+    waited: bool,
 }
 
 impl LeaseGrant {
@@ -1837,13 +2029,24 @@ impl LeaseGrant {
                 .await
                 .map(|r| r.rows_affected() == 1),
             #[cfg(feature = "lease-postgres")]
-            (Pool::Postgres(pool), None) => sqlx::query_scalar::<_, i64>(&sql.pg_release)
-                .bind(&self.name)
-                .bind(&self.holder)
-                .bind(self.token.to_i64())
-                .fetch_one(pool)
-                .await
-                .map(|n| n == 1),
+            (Pool::Postgres(pool), None) => {
+                // A fair holder that waited names the first waiter: the
+                // waiters behind it know they are behind, and a release that
+                // names nobody would not wake them. Else the light release
+                // wakes the first in line (and every non-fair waiter).
+                let q = if self.table.fair && self.waited {
+                    &sql.pg_release
+                } else {
+                    &sql.pg_release_light
+                };
+                sqlx::query(q)
+                    .bind(&self.name)
+                    .bind(&self.holder)
+                    .bind(self.token.to_i64())
+                    .fetch_optional(pool)
+                    .await
+                    .map(|row| row.is_some())
+            }
             #[cfg(feature = "lease-mysql")]
             (Pool::MySql(pool), Some(ttl)) => sqlx::query(&sql.mysql_renew)
                 .bind(micros(ttl))

@@ -5,8 +5,10 @@
 //! A waiter registers under a key (the Redis channel, or the lock name for
 //! PostgreSQL) with its waiter id when it waits in a fair queue, or without
 //! one when any release concerns it (non-fair). A notification names a key
-//! and a target: `*` wakes every waiter of the key, a waiter id wakes that
-//! waiter (and the non-fair ones, who try on every release). When the
+//! and a target: `*` wakes every waiter of the key (but a fair waiter that
+//! knows somebody is ahead of it in the queue, see
+//! [`Wakers::register_behind`]), a waiter id wakes that waiter (and the
+//! non-fair ones, who try on every release). When the
 //! connection that carries the notifications is lost, every waiter is woken,
 //! since a message may have been lost with it.
 //!
@@ -22,7 +24,7 @@
 )]
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,6 +49,9 @@ struct Route {
     /// `Some` for a waiter in a fair queue: only messages naming it (or `*`)
     /// wake it. `None`: every message of the key wakes it.
     waiter: Option<Arc<str>>,
+    /// Set while the fair waiter knows a live place is ahead of its own:
+    /// then `*` does not wake it, only a message naming it.
+    behind: Option<Arc<AtomicBool>>,
     tx: watch::Sender<u64>,
 }
 
@@ -61,6 +66,21 @@ impl Wakers {
 
     /// Register a waiter under `key`. It is woken from now on.
     pub(crate) fn register(self: &Arc<Self>, key: &str, waiter: Option<Arc<str>>) -> Registration {
+        self.register_behind(key, waiter, None)
+    }
+
+    /// Register a fair waiter (`waiter` is `Some`) whose tries keep `behind`
+    /// set while another live place is ahead of its own: a `*` (a release
+    /// that named nobody) wakes it only while `behind` is clear, so such a
+    /// release wakes the first in line, not the whole queue. A waiter that
+    /// becomes first because the one ahead was granted is named by that
+    /// one's release.
+    pub(crate) fn register_behind(
+        self: &Arc<Self>,
+        key: &str,
+        waiter: Option<Arc<str>>,
+        behind: Option<Arc<AtomicBool>>,
+    ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = watch::channel(0u64);
         self.routes
@@ -68,7 +88,12 @@ impl Wakers {
             .expect("wakers mutex")
             .entry(key.to_string())
             .or_default()
-            .push(Route { id, waiter, tx });
+            .push(Route {
+                id,
+                waiter,
+                behind,
+                tx,
+            });
         Registration {
             wakers: self.clone(),
             key: key.to_string(),
@@ -97,11 +122,14 @@ impl Wakers {
     pub(crate) fn notify(&self, key: &str, target: &str) {
         let routes = self.routes.lock().expect("wakers mutex");
         for route in routes.get(key).into_iter().flatten() {
-            let concerned = target == "*"
-                || match &route.waiter {
-                    None => true,
-                    Some(w) => **w == *target,
-                };
+            let concerned = match &route.waiter {
+                None => true,
+                Some(_) if target == "*" => !route
+                    .behind
+                    .as_ref()
+                    .is_some_and(|b| b.load(Ordering::SeqCst)),
+                Some(w) => **w == *target,
+            };
             if concerned {
                 route.tx.send_modify(|n| *n += 1);
             }
@@ -325,6 +353,28 @@ mod tests {
         assert!(b.wait(bound).await);
         wakers.notify_all();
         assert!(other.wait(bound).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_naming_nobody_skips_a_fair_waiter_that_is_behind() {
+        let wakers = Arc::new(Wakers::default());
+        let behind = Arc::new(AtomicBool::new(true));
+        let mut first = wakers.register_behind("k", Some("a".into()), Some(Arc::default()));
+        let mut second = wakers.register_behind("k", Some("b".into()), Some(behind.clone()));
+        let mut any = wakers.register("k", None);
+        for r in [&mut first, &mut second, &mut any] {
+            r.arm();
+        }
+        wakers.notify("k", "*");
+        let bound = Duration::from_millis(10);
+        assert!(first.wait(bound).await);
+        assert!(!second.wait(bound).await, "behind: not woken by `*`");
+        assert!(any.wait(bound).await);
+        wakers.notify("k", "b");
+        assert!(second.wait(bound).await, "named: woken though behind");
+        behind.store(false, Ordering::SeqCst);
+        wakers.notify("k", "*");
+        assert!(second.wait(bound).await, "first in line now");
     }
 
     #[tokio::test(start_paused = true)]

@@ -490,8 +490,9 @@ async fn a_release_wakes_only_the_next_waiter((svc, db): (LeaseTable, Db)) {
 }
 
 /// One hand-over from a holder to a fair waiter (each its own service), the
-/// second of two, so that the waiter's service knows the lock's row and
-/// listens already: the statements the waiter's acquire and release send.
+/// second of two, so that the waiter's service knows the lock's row, listens
+/// already and (PostgreSQL) counts the lock as contended, as on a hot lock:
+/// the statements the waiter's acquire and release send.
 async fn statements_of_a_hand_over((svc, db): (LeaseTable, Db)) -> u64 {
     let waiter = db
         .service()
@@ -814,4 +815,50 @@ async fn bad_config_is_a_clear_error() {
         "{err:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(10), "fail fast");
+}
+
+/// PostgreSQL: a fair waiter that knows a live place is ahead of its own is
+/// not woken by a release that names nobody. When the one ahead gives up,
+/// its leave names the next waiter, which then knows it is first: the
+/// holder's release (light: the holder never waited, so it names nobody)
+/// wakes it at once. Fallback poll 60 s: only a wake explains the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_when_the_first_waiter_gives_up_the_next_is_woken_by_a_release_naming_nobody() {
+    let (svc, db) = postgres_at().await;
+    let (ttl, long) = (Duration::from_secs(30), Duration::from_secs(50));
+    let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
+    let quitter = db
+        .service()
+        .await
+        .with_poll_fallback(Duration::from_secs(60));
+    let quitting = tokio::spawn({
+        let quitter = quitter.clone();
+        async move { quitter.acquire("page", ttl, Duration::from_secs(2)).await }
+    });
+    db.wait_queued("page", 1).await;
+    let next = db
+        .service()
+        .await
+        .with_poll_fallback(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let next = next.clone();
+        async move { next.acquire("page", ttl, long).await }
+    });
+    db.wait_queued("page", 2).await;
+    let gave_up = quitting.await.unwrap();
+    assert!(
+        matches!(gave_up, Err(LockError::Timeout { .. })),
+        "{gave_up:?}"
+    );
+    db.wait_queued("page", 1).await;
+    // Woken by the leave: it tried again, and learnt it is first.
+    wait_tries(&next, 3).await;
+    lease.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("woken by the holder's release, long before the fallback poll")
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.wait_stats().timed_out, 0, "{:?}", next.wait_stats());
+    granted.release().await.unwrap();
 }
