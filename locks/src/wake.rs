@@ -51,8 +51,17 @@ struct Route {
     waiter: Option<Arc<str>>,
     /// Set while the fair waiter knows a live place is ahead of its own:
     /// then `*` does not wake it, only a message naming it.
-    behind: Option<Arc<AtomicBool>>,
+    behind: Option<Behind>,
     tx: watch::Sender<u64>,
+}
+
+/// A fair waiter's `behind` flag, and the count of `*` messages it let pass
+/// because of it: a try in flight may find the waiter first after all, and
+/// a `*` that came meanwhile must then still end its next wait.
+#[derive(Clone)]
+struct Behind {
+    flag: Arc<AtomicBool>,
+    skipped: Arc<AtomicU64>,
 }
 
 impl Wakers {
@@ -83,6 +92,18 @@ impl Wakers {
     ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = watch::channel(0u64);
+        let behind = behind.map(|flag| Behind {
+            flag,
+            skipped: Arc::default(),
+        });
+        let registration = Registration {
+            wakers: self.clone(),
+            key: key.to_string(),
+            id,
+            rx,
+            behind: behind.clone(),
+            skipped_seen: 0,
+        };
         self.routes
             .lock()
             .expect("wakers mutex")
@@ -94,12 +115,7 @@ impl Wakers {
                 behind,
                 tx,
             });
-        Registration {
-            wakers: self.clone(),
-            key: key.to_string(),
-            id,
-            rx,
-        }
+        registration
     }
 
     /// Whether anybody waits under `key` now.
@@ -122,13 +138,17 @@ impl Wakers {
     pub(crate) fn notify(&self, key: &str, target: &str) {
         let routes = self.routes.lock().expect("wakers mutex");
         for route in routes.get(key).into_iter().flatten() {
-            let concerned = match &route.waiter {
-                None => true,
-                Some(_) if target == "*" => !route
-                    .behind
-                    .as_ref()
-                    .is_some_and(|b| b.load(Ordering::SeqCst)),
-                Some(w) => **w == *target,
+            let concerned = match (&route.waiter, &route.behind) {
+                (None, _) => true,
+                (Some(_), Some(b)) if target == "*" => {
+                    let behind = b.flag.load(Ordering::SeqCst);
+                    if behind {
+                        b.skipped.fetch_add(1, Ordering::SeqCst);
+                    }
+                    !behind
+                }
+                (Some(_), None) if target == "*" => true,
+                (Some(w), _) => **w == *target,
             };
             if concerned {
                 route.tx.send_modify(|n| *n += 1);
@@ -171,17 +191,32 @@ pub(crate) struct Registration {
     key: String,
     id: u64,
     rx: watch::Receiver<u64>,
+    behind: Option<Behind>,
+    /// `behind.skipped` at the last [`arm`](Self::arm).
+    skipped_seen: u64,
 }
 
 impl Registration {
     /// Mark every notification so far as seen. Call before each try.
     pub(crate) fn arm(&mut self) {
         self.rx.borrow_and_update();
+        if let Some(b) = &self.behind {
+            self.skipped_seen = b.skipped.load(Ordering::SeqCst);
+        }
     }
 
     /// Wait for a notification after the last [`arm`](Self::arm), or for
-    /// `bound`. True when a notification came.
+    /// `bound`. True when a notification came, including a `*` that was
+    /// let pass while the waiter counted itself behind if its last try
+    /// found it first.
     pub(crate) async fn wait(&mut self, bound: Duration) -> bool {
+        if let Some(b) = &self.behind {
+            if !b.flag.load(Ordering::SeqCst)
+                && b.skipped.load(Ordering::SeqCst) != self.skipped_seen
+            {
+                return true;
+            }
+        }
         tokio::select! {
             changed = self.rx.changed() => changed.is_ok(),
             _ = tokio::time::sleep(bound) => false,
@@ -375,6 +410,19 @@ mod tests {
         behind.store(false, Ordering::SeqCst);
         wakers.notify("k", "*");
         assert!(second.wait(bound).await, "first in line now");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_naming_nobody_during_a_try_that_finds_the_waiter_first_is_not_missed() {
+        let wakers = Arc::new(Wakers::default());
+        let behind = Arc::new(AtomicBool::new(true));
+        let mut r = wakers.register_behind("k", Some("a".into()), Some(behind.clone()));
+        r.arm(); // the try goes out, still counted behind
+        wakers.notify("k", "*"); // a release while it is in flight
+        behind.store(false, Ordering::SeqCst); // the try: first after all
+        assert!(r.wait(Duration::from_secs(3600)).await);
+        r.arm();
+        assert!(!r.wait(Duration::from_millis(1)).await, "seen once");
     }
 
     #[tokio::test(start_paused = true)]
