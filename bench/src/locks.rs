@@ -11,7 +11,8 @@
 //!   SQL (`Statements::pg_acquire_fair_light` then `pg_release_light`: an
 //!   uncontended acquire and release) against the same database;
 //! - the limit for MariaDB: `mariadb-slap` running the same SQL
-//!   (`mysql_acquire` then `mysql_release`; it reports no latencies);
+//!   (`mysql_acquire_fair_light` then `mysql_release`: an uncontended fair
+//!   acquire and release; it reports no latencies);
 //! - the peer: the Python `redis` package's `Lock` (its defaults: 0.1 s sleep
 //!   between tries when waiting), installed into a venv under `target/`.
 //!

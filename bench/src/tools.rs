@@ -190,7 +190,7 @@ pub(crate) fn mariadb_slap_query() -> String {
     // Binds as `LeaseTable` sends them: holder (twice: both branches of the
     // `if` that takes the bell), client, TTL in µs, name, lock-delay in µs.
     let grant = sql
-        .mysql_acquire
+        .mysql_acquire_fair_light
         .replacen('?', "'slap-holder'", 2)
         .replacen('?', "'slap-client'", 1)
         .replacen('?', "10000000", 1)

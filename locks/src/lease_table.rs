@@ -6,8 +6,10 @@
 //!
 //! # The tables
 //! The constructors create the tables if they are missing (`create table if
-//! not exists`, nothing else: no migration bookkeeping that could clash with
-//! the host application's own). The lease table is `fencelock_leases` unless
+//! not exists`; on MySQL/MariaDB also the queue's trigger and, in a table
+//! from before it, the `queued_until` column, see "The uncontended path";
+//! nothing else: no migration bookkeeping that could clash with the host
+//! application's own). The lease table is `fencelock_leases` unless
 //! [`LeaseTableOptions::table`] says otherwise; its queue is the same name
 //! with `_waiters`. To create them yourself (with your own migrations), take
 //! the DDL from [`Statements::postgres_ddl`] / [`Statements::mysql_ddl`] and
@@ -40,7 +42,7 @@
 //! released. Fair and non-fair clients of one table exclude each other (one
 //! row per name); a non-fair client can overtake the queue.
 //!
-//! # The uncontended path (PostgreSQL)
+//! # The uncontended path
 //! Looking at the queue costs even when it is empty: on PostgreSQL, every
 //! further table a statement touches (a subquery on the queue, a CTE that
 //! could insert into it) made the pair of statements 3–5 % slower under
@@ -49,8 +51,8 @@
 //! it saw contended (a try refused within the last 5 s), and otherwise
 //! takes light statements: the first try is the grant alone
 //! ([`Statements::pg_acquire_light`]; fair:
-//! [`Statements::pg_acquire_fair_light`], the grant if no place in the queue
-//! is live), and a refusal is followed at once by the statement that queues
+//! [`Statements::pg_acquire_fair_light`], the grant if the row's
+//! `queued_until` has passed, see below), and a refusal is followed at once by the statement that queues
 //! and says how long to wait. The release is light
 //! ([`Statements::pg_release_light`]: notify `*`, no look at the queue)
 //! unless the holder is a fair waiter that was granted after waiting, whose
@@ -60,6 +62,32 @@
 //! first in line and not the whole queue. The memory is per service (per
 //! process): a holder that never waited releases lightly even when other
 //! processes queue, which is what `*` is for.
+//!
+//! Whether anybody queues is read from the lease row itself: it carries
+//! `queued_until`, an upper bound on when any place of its queue lapses,
+//! raised in the same transaction that takes or renews a place (on
+//! PostgreSQL by that statement, a CTE; on MariaDB by a `before insert`
+//! trigger on the queue, since one statement there cannot write two
+//! tables). Even an index probe of an empty queue cost the PostgreSQL pair
+//! 3–5 %, and any subquery on the queue inside InnoDB's `update` about
+//! 20 % (mariadb-slap). A fair first try of a lock not refused
+//! lately is the grant with `queued_until` past
+//! ([`Statements::pg_acquire_fair_light`],
+//! [`Statements::mysql_acquire_fair_light`]): one row, no other table, and
+//! it skips nobody, since a live place implies `queued_until` ahead. The
+//! bound is never lowered, so for up to a place's life (2 s) after the last
+//! waiter the light grant is refused needlessly and the statement that
+//! looks at the queue follows. On MariaDB, a table without the column or
+//! the trigger (created by your migrations from an older DDL, or a server
+//! that refuses triggers) still works: the service checks both at start
+//! and otherwise always looks at the queue. On PostgreSQL the fair
+//! statements write the column, so a table without it is refused at start
+//! with the `alter table` to run. The constructors add what is missing
+//! when they create the tables, and look first: `alter table` (and
+//! MariaDB's `create trigger`, even `if not exists`) takes the table's
+//! exclusive lock, which waits for running statements (on MariaDB every
+//! waiter blocked on a bell) and holds up every lock statement meanwhile,
+//! so upgrade in a quiet moment (or run the DDL yourself).
 //!
 //! # Waiting: PostgreSQL is notified, MariaDB rings a bell
 //! PostgreSQL: the release statement itself calls `pg_notify` (channel: the
@@ -165,8 +193,8 @@ const PLACE_POLLS: u32 = 4;
 /// MariaDB: how often a waiter polls while the holder rings no bell.
 #[cfg(feature = "lease-mysql")]
 const BELL_LESS_POLL: Duration = Duration::from_millis(20);
-/// MariaDB: how many lock names a service remembers as having a row.
-#[cfg(feature = "lease-mysql")]
+/// How many lock names a service remembers (MariaDB: as having a row; both:
+/// as contended lately).
 const KNOWN_ROWS: usize = 4096;
 /// After the `LISTEN` connection failed, waiters poll this long before it is
 /// tried again.
@@ -186,8 +214,8 @@ const LISTEN_IDLE: Duration = Duration::from_millis(100);
 /// the light grant. Mistaking a contended lock for a quiet one costs one
 /// light statement more per refused acquire; the other way round, a heavier
 /// first try (0.85× instead of 0.97× of the pre-fairness pair under
-/// pgbench): a burst of contention is remembered for a while.
-#[cfg(feature = "lease-postgres")]
+/// pgbench; on MariaDB 0.8× of the grant alone): a burst of contention is
+/// remembered for a while.
 const CONTENDED_FOR: Duration = Duration::from_secs(5);
 /// The longest a table name can be: its queue adds `_waiters`.
 const MAX_TABLE_NAME: usize = 63 - "_waiters".len();
@@ -280,9 +308,14 @@ pub struct Statements {
     /// [`Statements::pg_acquire`], which says how long to wait.
     pub pg_acquire_light: String,
     /// PostgreSQL fair grant, light: [`Statements::pg_acquire_light`] given
-    /// only when no place in the queue is live (`$1`..`$5` the same). It
-    /// neither queues nor says how long to wait: a refusal is followed at
-    /// once by [`Statements::pg_acquire_fair_first`].
+    /// only when the row's `queued_until` has passed (`$1`..`$5` the same).
+    /// The statements that take or renew a place raise `queued_until` to
+    /// the place's end in the same statement, so a live place implies it
+    /// lies ahead and this grant skips nobody; it reads no other table (the
+    /// queue probe it replaced cost 3–5 %). It neither queues nor says how
+    /// long to wait: a refusal is followed at once by
+    /// [`Statements::pg_acquire_fair_first`], which reads the queue itself
+    /// (`queued_until` only ever overestimates).
     pub pg_acquire_fair_light: String,
     /// PostgreSQL fair grant: `$1`..`$5` as [`Statements::pg_acquire`], `$6`
     /// how long a place in the queue lasts, in seconds (0: do not queue).
@@ -353,6 +386,16 @@ pub struct Statements {
     /// [`Statements::mysql_acquire`]; given only when nobody waits (no live
     /// place).
     pub mysql_acquire_fair_first: String,
+    /// MySQL/MariaDB fair grant, light: binds as [`Statements::mysql_acquire`];
+    /// given only when the row's `queued_until` has passed, which the
+    /// queue's trigger ([`Statements::mysql_ddl_statements`]) raises to
+    /// every place's `expires_at` in the transaction that takes or renews
+    /// the place: a live place implies a `queued_until` ahead, so the grant
+    /// skips nobody, and it reads no other table (a subquery on the queue
+    /// costs InnoDB's `update` about 20 %). Refused, it is followed at once
+    /// by [`Statements::mysql_acquire_fair_first`], which looks at the
+    /// queue itself (`queued_until` only ever overestimates).
+    pub mysql_acquire_fair_light: String,
     /// MySQL/MariaDB first grant of a name: the primary key lets exactly one
     /// concurrent insert win; the others are ignored (0 rows) and retry the
     /// update above on their next attempt. Binds: name, holder, client id,
@@ -439,9 +482,26 @@ impl Statements {
          expires_at = excluded.expires_at,
          released = false,
          granted_at = excluded.granted_at
-   where (l.released and l.expires_at <= now())
-      or (not l.released and l.expires_at + make_interval(secs => $4) <= now())
+   where ((l.released and l.expires_at <= now())
+       or (not l.released and l.expires_at + make_interval(secs => $4) <= now()))QUEUE
   returning token"
+        );
+        let pg_grant_fair_light = pg_grant.replace(
+            "QUEUE",
+            "
+     and (l.queued_until is null or l.queued_until <= now())",
+        );
+        let pg_grant = pg_grant.replace("QUEUE", "");
+        // A refused fair try that takes or renews its place raises the
+        // lease row's `queued_until` to the place's end, in the same
+        // statement (after the grant's look at the row, before the place:
+        // the lease row is locked first, as every other statement does).
+        let pg_bumped = format!(
+            "bumped as (
+  update {t} l set queued_until = greatest(l.queued_until, now() + make_interval(secs => $6))
+   where l.name = $1 and $6 > 0 and not exists (select 1 from granted)
+  returning 1
+),"
         );
         let pg_held_for = format!(
             "(select extract(epoch from l.expires_at
@@ -479,12 +539,9 @@ update {t} l
                 "SOURCE",
                 "values ($1, $2, $5, 1, now() + make_interval(secs => $3), false, now())",
             ),
-            pg_acquire_fair_light: pg_grant.replace(
+            pg_acquire_fair_light: pg_grant_fair_light.replace(
                 "SOURCE",
-                &format!(
-                    "select $1, $2, $5, 1, now() + make_interval(secs => $3), false, now()
-   {pg_not_queued}"
-                ),
+                "values ($1, $2, $5, 1, now() + make_interval(secs => $3), false, now())",
             ),
             pg_acquire: format!(
                 "
@@ -503,10 +560,11 @@ select g.token,
                 "
 with granted as ({}
 ),
+{pg_bumped}
 queued as (
   insert into {t}_waiters (name, waiter, expires_at)
   select $1, $2, now() + make_interval(secs => $6)
-   where $6 > 0 and not exists (select 1 from granted)
+   where $6 > 0 and exists (select 1 from bumped)
   on conflict (name, waiter) do update set expires_at = excluded.expires_at
 ),
 ahead as (
@@ -546,10 +604,11 @@ purged as (
   delete from {t}_waiters w
    where w.name = $1 and w.expires_at <= now() and w.waiter <> $2
 ),
+{pg_bumped}
 queued as (
   insert into {t}_waiters (name, waiter, expires_at)
   select $1, $2, now() + make_interval(secs => $6)
-   where $6 > 0 and not exists (select 1 from granted)
+   where $6 > 0 and exists (select 1 from bumped)
   on conflict (name, waiter) do update set expires_at = excluded.expires_at
 )
 select g.token,
@@ -622,6 +681,10 @@ select client_id, token from {t}
    and not exists (select 1 from {t}_waiters w
                     where w.name = l.name and {})",
                 live_place("w")
+            ),
+            mysql_acquire_fair_light: format!(
+                "{mysql_set}
+   and (l.queued_until is null or l.queued_until <= now(6))"
             ),
             mysql_acquire: mysql_set,
             mysql_create: format!(
@@ -726,7 +789,11 @@ create table if not exists {table} (
     -- True when the last holder released; false while held or after its
     -- lease lapsed without a release (then a lock-delay applies, as in Chubby).
     released   boolean     not null default false,
-    granted_at timestamptz not null
+    granted_at timestamptz not null,
+    -- No place in the queue is live after this (an upper bound, raised by
+    -- the statement that takes or renews a place): a fair grant that finds
+    -- it past skips nobody without reading the queue.
+    queued_until timestamptz
 )"
             ),
             format!(
@@ -762,7 +829,10 @@ create table if not exists {table}_waiters (
     token      bigint unsigned not null,
     expires_at datetime(6)     not null,
     released   boolean         not null default false,
-    granted_at datetime(6)     not null
+    granted_at datetime(6)     not null,
+    -- No place in the queue is live after this (an upper bound, raised by
+    -- the queue's trigger): a fair grant that finds it past skips nobody.
+    queued_until datetime(6)   null
 ) engine = InnoDB"
             ),
             format!(
@@ -776,8 +846,45 @@ create table if not exists {table}_waiters (
     key (ticket)
 ) engine = InnoDB"
             ),
+            Self::mysql_queued_trigger(table),
         ]
     }
+
+    /// MySQL/MariaDB: the trigger that keeps `queued_until` ahead of every
+    /// place, in the transaction that takes or renews it (`before insert`
+    /// also fires for the renewal, an `insert ... on duplicate key update`).
+    /// Before, not after: the lease row is locked before the place, the
+    /// order the fair grant (lease row, then its look at the queue) takes
+    /// them in, so the two cannot deadlock. Without it (or without the
+    /// column) the service finds out at start and never takes the light
+    /// fair grant.
+    pub fn mysql_queued_trigger(table: &str) -> String {
+        format!(
+            "create trigger if not exists {table}_queued before insert on {table}_waiters
+for each row
+  update {table}
+     set queued_until = greatest(coalesce(queued_until, new.expires_at),
+                                 coalesce(new.expires_at, queued_until))
+   where name = new.name"
+        )
+    }
+}
+
+/// PostgreSQL: whether lease table `table` (in the current schema; an
+/// unquoted name, so folded to lower case) has the `queued_until` column.
+#[cfg(feature = "lease-postgres")]
+async fn pg_has_queued_until<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    table: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "select exists (select 1 from information_schema.columns
+                         where table_schema = current_schema() and table_name = lower($1)
+                           and column_name = 'queued_until')",
+    )
+    .bind(table)
+    .fetch_one(db)
+    .await
 }
 
 /// MariaDB: run `$statement` (an `async` block using `$conn`, the
@@ -853,21 +960,24 @@ struct Shared {
     statements: AtomicU64,
     #[cfg(feature = "lease-postgres")]
     listen: Arc<Listen>,
-    /// PostgreSQL: lock names refused lately, and when (at most
-    /// [`KNOWN_ROWS`]): their acquires and releases take the statements made
-    /// for contention (see "The uncontended path" in the module docs).
-    #[cfg(feature = "lease-postgres")]
+    /// Lock names refused lately, and when (at most [`KNOWN_ROWS`]): their
+    /// acquires (PostgreSQL: and releases) take the statements made for
+    /// contention (see "The uncontended path" in the module docs).
     contended: Mutex<std::collections::HashMap<String, Instant>>,
     /// MariaDB: lock names whose row is known to exist, so that a refused
     /// grant need not try to create it (at most [`KNOWN_ROWS`]; forgotten
     /// when a wait finds no row).
     #[cfg(feature = "lease-mysql")]
     known_rows: Mutex<std::collections::HashSet<String>>,
+    /// MariaDB: the table has `queued_until` and the queue its trigger, so
+    /// a quiet lock's fair first try can be
+    /// [`Statements::mysql_acquire_fair_light`].
+    #[cfg(feature = "lease-mysql")]
+    light: AtomicBool,
 }
 
 impl Shared {
     /// Whether a try of lock `name` was refused within [`CONTENDED_FOR`].
-    #[cfg(feature = "lease-postgres")]
     fn is_contended(&self, name: &str) -> bool {
         self.contended
             .lock()
@@ -877,7 +987,6 @@ impl Shared {
     }
 
     /// A try of lock `name` was refused just now.
-    #[cfg(feature = "lease-postgres")]
     fn contend(&self, name: &str) {
         let mut contended = self.contended.lock().expect("contended");
         if contended.len() >= KNOWN_ROWS && !contended.contains_key(name) {
@@ -962,11 +1071,33 @@ impl LeaseTable {
                 for ddl in Statements::postgres_ddl_statements(&options.table) {
                     sqlx::query(&ddl).execute(&mut *tx).await?;
                 }
+                // A table made by an earlier version has no `queued_until`.
+                // Looked up first: `alter table` takes the table's exclusive
+                // lock even when the column exists.
+                if !pg_has_queued_until(&mut *tx, &options.table).await? {
+                    sqlx::query(&format!(
+                        "alter table {} add column if not exists queued_until timestamptz",
+                        options.table
+                    ))
+                    .execute(&mut *tx)
+                    .await?;
+                }
                 tx.commit().await
             };
             create.await.map_err(|e| {
                 LockError::unavailable(ISSUER_POSTGRES, format!("create lease table: {e}"))
             })?;
+        }
+        let has_column = pg_has_queued_until(&pool, &options.table)
+            .await
+            .map_err(|e| LockError::unavailable(ISSUER_POSTGRES, e))?;
+        if !has_column {
+            return Err(LockError::InvalidConfig(format!(
+                "the lease table {t} has no column queued_until, which the fair lock keeps \
+                 (fencelock 0.1 added it): run `alter table {t} add column queued_until \
+                 timestamptz`, or let the library do it (LeaseTableOptions::create_table)",
+                t = options.table
+            )));
         }
         Ok(LeaseTable::new(Pool::Postgres(pool), &options.table))
     }
@@ -993,15 +1124,84 @@ impl LeaseTable {
             .connect(url)
             .await
             .map_err(|e| connect_error(ISSUER_MYSQL, url, e))?;
+        let table = &options.table;
+        let count = |sql: &'static str, name: String| {
+            let pool = &pool;
+            async move {
+                sqlx::query_scalar::<_, i64>(sql)
+                    .bind(name)
+                    .fetch_one(pool)
+                    .await
+                    .map_err(|e| LockError::unavailable(ISSUER_MYSQL, e))
+            }
+        };
+        let has_column = || {
+            count(
+                "select count(*) from information_schema.columns
+                  where table_schema = database() and table_name = ?
+                    and column_name = 'queued_until'",
+                table.clone(),
+            )
+        };
+        let has_trigger = || {
+            count(
+                "select count(*) from information_schema.triggers
+                  where trigger_schema = database() and trigger_name = ?",
+                format!("{table}_queued"),
+            )
+        };
         if options.create_table {
             // MySQL serialises concurrent DDL on the table's metadata lock.
-            for ddl in Statements::mysql_ddl_statements(&options.table) {
-                sqlx::query(&ddl).execute(&pool).await.map_err(|e| {
+            let ddl = Statements::mysql_ddl_statements(table);
+            let (trigger, tables) = ddl.split_last().expect("tables and trigger");
+            for ddl in tables {
+                sqlx::query(ddl).execute(&pool).await.map_err(|e| {
                     LockError::unavailable(ISSUER_MYSQL, format!("create lease table: {e}"))
                 })?;
             }
+            // A table made by an earlier version has no `queued_until`.
+            if has_column().await? == 0 {
+                let added = sqlx::query(&format!(
+                    "alter table {table} add column queued_until datetime(6) null"
+                ))
+                .execute(&pool)
+                .await;
+                // Another client may have added it meanwhile.
+                if let Err(e) = added {
+                    if has_column().await? == 0 {
+                        return Err(LockError::unavailable(
+                            ISSUER_MYSQL,
+                            format!("add queued_until to the lease table: {e}"),
+                        ));
+                    }
+                }
+            }
+            // Without the trigger the lock works, only its uncontended fair
+            // grant is heavier (a server with binary logging refuses
+            // triggers to users without SUPER unless
+            // `log_bin_trust_function_creators` is on). Looked up first:
+            // `create trigger if not exists` takes the tables' exclusive
+            // metadata lock even when the trigger exists, so it would wait
+            // for every waiter blocked on a bell, and every statement on
+            // the tables would queue behind it (measured: a new service
+            // stalled the lock for a lease's whole TTL).
+            let created = if has_trigger().await? == 0 {
+                sqlx::query(trigger).execute(&pool).await.map(|_| ())
+            } else {
+                Ok(())
+            };
+            if let Err(e) = created {
+                tracing::warn!(
+                    issuer = ISSUER_MYSQL,
+                    "could not create the trigger {table}_queued, so every fair grant \
+                     looks at the queue (slower, as safe): {e}"
+                );
+            }
         }
-        Ok(LeaseTable::new(Pool::MySql(pool), &options.table))
+        let light = has_column().await? == 1 && has_trigger().await? == 1;
+        let svc = LeaseTable::new(Pool::MySql(pool), table);
+        svc.shared.light.store(light, Ordering::Relaxed);
+        Ok(svc)
     }
 
     fn new(pool: Pool, table: &str) -> LeaseTable {
@@ -1017,10 +1217,11 @@ impl LeaseTable {
                 statements: AtomicU64::new(0),
                 #[cfg(feature = "lease-postgres")]
                 listen: Arc::new(Listen::new(table)),
-                #[cfg(feature = "lease-postgres")]
                 contended: Mutex::default(),
                 #[cfg(feature = "lease-mysql")]
                 known_rows: Mutex::default(),
+                #[cfg(feature = "lease-mysql")]
+                light: AtomicBool::new(false),
             }),
         }
     }
@@ -1247,9 +1448,11 @@ impl LeaseTable {
             }
             // Refused: from now on the lock counts as contended, and the
             // statement made for that (which queues a fair waiter and says
-            // how long to wait) follows at once. A try-lock needs neither.
+            // how long to wait) follows at once. A non-fair try-lock needs
+            // neither; a fair one needs the look at the queue, since
+            // `queued_until` may still lie ahead with nobody left in it.
             self.shared.contend(name);
-            if !queue {
+            if !queue && !self.fair {
                 return Ok(Try::Refused(self.poll_fallback));
             }
         }
@@ -1295,6 +1498,25 @@ impl LeaseTable {
         })
     }
 
+    /// A MySQL/MariaDB grant statement with the six parameters every one of
+    /// them starts with.
+    #[cfg(feature = "lease-mysql")]
+    fn mysql_grant<'q>(
+        &'q self,
+        sql: &'q str,
+        holder: &'q str,
+        name: &'q str,
+        ttl: Duration,
+    ) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+        sqlx::query(sql)
+            .bind(holder)
+            .bind(holder)
+            .bind(&*self.client_id)
+            .bind(micros(ttl))
+            .bind(name)
+            .bind(micros(self.lock_delay))
+    }
+
     /// One MySQL/MariaDB grant attempt, on the acquire's connection, which
     /// the lease keeps when granted (it holds the name's bell, and the
     /// waiter's own if it queued). Refused and fair, the waiter takes its
@@ -1314,20 +1536,31 @@ impl LeaseTable {
         let first = state.first.swap(false, Ordering::Relaxed) || !queue;
         let mut st = state.my.lock().await;
         let known = self.shared.row_known(name);
+        // A fair first try of a lock not refused lately: the grant alone, if
+        // the row says no place can be live (see `mysql_acquire_fair_light`);
+        // refused, the statement that looks at the queue follows at once.
+        let light = self.fair
+            && first
+            && self.shared.light.load(Ordering::Relaxed)
+            && !self.shared.is_contended(name);
         let granted: Option<i64> = on_conn!(self, &mut st, pool, |conn| async {
+            let grant = |sql| self.mysql_grant(sql, holder, name, opts.ttl);
+            if light {
+                self.sent(1);
+                let updated = grant(&self.sql.mysql_acquire_fair_light)
+                    .execute(&mut *conn)
+                    .await?;
+                if updated.rows_affected() == 1 {
+                    return Ok(Some(updated.last_insert_id() as i64));
+                }
+            }
             self.sent(1);
             let q = match (self.fair, first) {
                 (false, _) => &self.sql.mysql_acquire,
                 (true, true) => &self.sql.mysql_acquire_fair_first,
                 (true, false) => &self.sql.mysql_acquire_fair,
             };
-            let mut q = sqlx::query(q)
-                .bind(holder)
-                .bind(holder)
-                .bind(&*self.client_id)
-                .bind(micros(opts.ttl))
-                .bind(name)
-                .bind(micros(self.lock_delay));
+            let mut q = grant(q);
             if self.fair && !first {
                 q = q.bind(name).bind(holder).bind(holder);
             }
@@ -1361,6 +1594,9 @@ impl LeaseTable {
         // The row exists now, whoever made it: the next refusals skip the
         // insert.
         self.shared.know_row(name);
+        if granted.is_none() {
+            self.shared.contend(name);
+        }
         if let Some(token) = granted {
             let token = self.token(token)?;
             // Served: our place (if we queued) is deleted in the background,
@@ -1519,11 +1755,16 @@ impl LeaseTable {
             Pool::Postgres(pool) => {
                 let filter = self.fair.then(|| holder.clone());
                 let behind = self.fair.then(|| state.behind.clone());
-                // While the `LISTEN` connection runs, register before the
-                // first try, which costs no round trip: a release after it
-                // is seen, so a refusal is followed by the wait at once.
-                // Otherwise start it after the first refusal and try again.
-                let registered = if queue {
+                // While the `LISTEN` connection runs and the lock was seen
+                // contended lately, register before the first try, which
+                // costs no round trip: a release after it is seen, so a
+                // refusal is followed by the wait at once. Otherwise start
+                // it after the first refusal and try again. Not for a quiet
+                // lock: the listener closes only when nobody is registered,
+                // and a stream of uncontended acquires, each registered
+                // during its try, kept it open (every release then went to
+                // it: 0.73–0.97× the uncontended rate after contention).
+                let registered = if queue && self.shared.is_contended(name) {
                     self.shared
                         .listen
                         .register_if_running(name, filter.clone(), behind.clone())

@@ -74,6 +74,7 @@ impl Wakers {
     }
 
     /// Register a waiter under `key`. It is woken from now on.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn register(self: &Arc<Self>, key: &str, waiter: Option<Arc<str>>) -> Registration {
         self.register_behind(key, waiter, None)
     }

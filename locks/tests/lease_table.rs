@@ -61,6 +61,53 @@ impl Db {
         }
     }
 
+    /// The tail of the light-grant tests. The queue of `page` has just
+    /// emptied while its `queued_until` still lies ahead: a quiet service's
+    /// light grant is refused and the full one grants (two statements).
+    /// Once the bound has passed, acquire and release are one statement
+    /// each.
+    async fn light_grant_after_the_queue_emptied(&self) {
+        let ttl = Duration::from_secs(30);
+        let quiet = self.service().await;
+        let sent = quiet.statements_sent();
+        let lease = quiet.acquire("page", ttl, Duration::ZERO).await.unwrap();
+        assert_eq!(
+            quiet.statements_sent() - sent,
+            2,
+            "the light grant refused, the full one granted"
+        );
+        lease.release().await.unwrap();
+
+        match self {
+            Db::Postgres(p, _) => {
+                sqlx::query(
+                    "update fencelock_leases set queued_until = now() - interval '1 second'",
+                )
+                .execute(p)
+                .await
+                .unwrap();
+            }
+            Db::MySql(p, _) => {
+                sqlx::query(
+                    "update fencelock_leases set queued_until = now(6) - interval 1 second",
+                )
+                .execute(p)
+                .await
+                .unwrap();
+            }
+        }
+        let quiet = self.service().await;
+        let sent = quiet.statements_sent();
+        quiet
+            .acquire("page", ttl, Duration::ZERO)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        assert_eq!(quiet.statements_sent() - sent, 2);
+    }
+
     /// Rows in the queue of lock `name` (live or lapsed).
     async fn queued(&self, name: &str) -> i64 {
         let sql = "select count(*) from fencelock_leases_waiters where name = ";
@@ -683,6 +730,31 @@ async fn waiter_is_woken_by_the_release((svc, db): (LeaseTable, Db), fair: bool)
     granted.release().await.unwrap();
 }
 
+/// PostgreSQL connections of the test's database, other than the caller's,
+/// whose last statement was a `LISTEN`.
+async fn pg_listening(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "select count(*) from pg_stat_activity \
+          where datname = current_database() and pid <> pg_backend_pid() \
+            and query ilike 'listen %'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Waits until no connection listens, failing with `why` after `within`.
+async fn pg_listener_closes(pool: &sqlx::PgPool, within: Duration, why: &str) {
+    harness::wait_until(within, || async {
+        match pg_listening(pool).await {
+            0 => Ok(()),
+            n => Err(format!("{n} LISTEN connection(s) {why}")),
+        }
+    })
+    .await
+    .unwrap();
+}
+
 /// While the `LISTEN` connection is open, every release is delivered to it,
 /// waited for or not (it made uncontended acquire+release 2–3× slower after
 /// one contended moment): it closes when nobody has waited for a while, and
@@ -693,16 +765,6 @@ async fn postgres_the_listen_connection_closes_when_nobody_waits_and_the_next_wa
     let (svc, db) = postgres_at().await;
     let Db::Postgres(pool, _) = &db else {
         unreachable!()
-    };
-    let listening = || async {
-        sqlx::query_scalar::<_, i64>(
-            "select count(*) from pg_stat_activity \
-              where datname = current_database() and pid <> pg_backend_pid() \
-                and query ilike 'listen %'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap()
     };
     let waiter = svc.clone().with_poll_fallback(Duration::from_secs(60));
     for round in 1..=2 {
@@ -723,7 +785,11 @@ async fn postgres_the_listen_connection_closes_when_nobody_waits_and_the_next_wa
         // The holder's try, then the waiter's two: refused, listening,
         // refused again (the clones share their counters).
         wait_tries(&waiter, tries + 3).await;
-        assert_eq!(listening().await, 1, "round {round}: one LISTEN connection");
+        assert_eq!(
+            pg_listening(pool).await,
+            1,
+            "round {round}: one LISTEN connection"
+        );
         lease.release().await.unwrap();
         let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
             .await
@@ -732,15 +798,191 @@ async fn postgres_the_listen_connection_closes_when_nobody_waits_and_the_next_wa
             .unwrap();
         assert_eq!(waiter.wait_stats().notified, notified + 1, "round {round}");
         granted.release().await.unwrap();
-        harness::wait_until(Duration::from_secs(10), || async {
-            match listening().await {
-                0 => Ok(()),
-                n => Err(format!("{n} LISTEN connection(s) with nobody waiting")),
-            }
-        })
+        pg_listener_closes(pool, Duration::from_secs(10), "with nobody waiting").await;
+    }
+}
+
+/// An acquire of a lock that nobody contended lately does not register as
+/// a waiter before its first try, so its try does not keep the `LISTEN`
+/// connection open: a stream of such acquires right after one contended
+/// moment kept it open (every release then went through it) and cost the
+/// uncontended path up to a quarter of its rate. Here that first try is held
+/// in the server (the test locks the row) while the contended moment ends:
+/// the listener must close all the same.
+#[tokio::test]
+async fn postgres_an_uncontended_try_in_flight_does_not_keep_the_listen_connection_open() {
+    let (svc, db) = postgres_at().await;
+    let Db::Postgres(pool, _) = &db else {
+        unreachable!()
+    };
+    let count = |sql: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    // The quiet lock's row exists, and was never refused.
+    svc.acquire("quiet", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+        .release()
         .await
         .unwrap();
+    // A contended moment on another lock opens the listener.
+    let waiter = svc.clone().with_poll_fallback(Duration::from_secs(60));
+    let tries = waiter.wait_stats().tries;
+    let lease = svc
+        .acquire("page", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move {
+            waiter
+                .acquire("page", Duration::from_secs(30), Duration::from_secs(50))
+                .await
+        }
+    });
+    wait_tries(&waiter, tries + 3).await;
+    assert_eq!(pg_listening(pool).await, 1, "the contended moment listens");
+
+    // The quiet lock's acquire starts while the listener runs, and its try
+    // waits in the server for the row the test holds.
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("select 1 from fencelock_leases where name = 'quiet' for update")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let quiet = tokio::spawn({
+        let svc = svc.clone();
+        async move {
+            svc.acquire("quiet", Duration::from_secs(30), Duration::from_secs(30))
+                .await
+        }
+    });
+    harness::wait_until(Duration::from_secs(10), || async {
+        match count(
+            "select count(*) from pg_stat_activity \
+              where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .await
+        {
+            1 => Ok(()),
+            n => Err(format!("{n} statements waiting for a row lock")),
+        }
+    })
+    .await
+    .unwrap();
+
+    // The contended moment ends; only the quiet lock's try is in flight.
+    lease.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("woken by the release")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    pg_listener_closes(
+        pool,
+        Duration::from_secs(5),
+        "kept open by a try that is not waiting",
+    )
+    .await;
+
+    blocker.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), quiet)
+        .await
+        .expect("granted once the row is let go")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// PostgreSQL: the fair first try of a lock nobody contended lately is the
+/// grant alone, judged by the row's `queued_until`, which the statement
+/// that takes a place raises. It must pass no live place: here the lock is
+/// free and a waiter of another process (the test, with the library's own
+/// statement) has a place. Once that place is gone, `queued_until` still
+/// lies ahead, so the light grant is refused and the full one grants: two
+/// statements where the full one alone would be one.
+#[tokio::test]
+async fn postgres_the_light_fair_grant_passes_no_live_place() {
+    let (svc, db) = postgres_at().await;
+    let Db::Postgres(pool, _) = &db else {
+        unreachable!()
+    };
+    let ttl = Duration::from_secs(30);
+    let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
+    // A waiter elsewhere is refused and takes a place for 60 s.
+    let sql = fencelock::lease_table::Statements::for_table("fencelock_leases");
+    let (token, _, _): (Option<i64>, Option<f64>, Option<bool>) =
+        sqlx::query_as(&sql.pg_acquire_fair_first)
+            .bind("page")
+            .bind("elsewhere")
+            .bind(30.0_f64)
+            .bind(0.0_f64)
+            .bind("elsewhere")
+            .bind(60.0_f64)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(token, None, "refused while held");
+    assert_eq!(db.queued("page").await, 1);
+    lease.release().await.unwrap();
+
+    let quiet = db.service().await;
+    let sent = quiet.statements_sent();
+    let refused = quiet.acquire("page", ttl, Duration::ZERO).await;
+    assert!(
+        matches!(refused, Err(LockError::Timeout { .. })),
+        "a free lock with a live place in its queue is not granted to a newcomer: {refused:?}"
+    );
+    assert_eq!(
+        quiet.statements_sent() - sent,
+        2,
+        "light, then the full grant"
+    );
+
+    // The waiter goes away; its place's bound stays in the row.
+    sqlx::query("delete from fencelock_leases_waiters")
+        .execute(pool)
+        .await
+        .unwrap();
+    db.light_grant_after_the_queue_emptied().await;
+}
+
+/// A lease table made before `queued_until` existed: the constructor adds
+/// the column, and a service told not to touch the schema refuses to start,
+/// naming the `alter table` to run.
+#[tokio::test]
+async fn postgres_a_lease_table_from_before_queued_until_gets_the_column_or_a_clear_refusal() {
+    let url = harness::fresh_database().await;
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    for ddl in fencelock::lease_table::Statements::postgres_ddl_statements("fencelock_leases") {
+        sqlx::query(&ddl).execute(&pool).await.unwrap();
     }
+    sqlx::query("alter table fencelock_leases drop column queued_until")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let refused = LeaseTable::postgres_with(
+        &url,
+        fencelock::lease_table::LeaseTableOptions::default().create_table(false),
+    )
+    .await;
+    match refused {
+        Err(LockError::InvalidConfig(msg)) => assert!(
+            msg.contains("alter table fencelock_leases add column queued_until"),
+            "{msg}"
+        ),
+        other => panic!("expected a refusal naming the alter table: {other:?}"),
+    }
+    let svc = LeaseTable::postgres(&url).await.unwrap();
+    contract::tokens_strictly_increase(&svc, "page", 3).await;
 }
 
 #[tokio::test]
@@ -758,6 +1000,74 @@ async fn postgres_tokens_keep_increasing_across_a_database_crash() {
         .expect("acquire after restart");
     assert!(after.token().unwrap().get() > before);
     after.release().await.unwrap();
+}
+
+/// MariaDB: the fair first try of a lock nobody contended lately is the
+/// grant alone, judged by the row's `queued_until` (which the queue's
+/// trigger raises). It must pass no live place: here the lock is free and
+/// a waiter of another process (the test's own connection, holding its
+/// bell) has a place. Once that place is gone, `queued_until` still lies
+/// ahead, so the light grant is refused and the statement that looks at
+/// the queue grants: two statements, where the full statement alone would
+/// be one, which shows the light one ran.
+#[tokio::test]
+async fn mysql_the_light_fair_grant_passes_no_live_place() {
+    let (_svc, db) = mysql_at().await;
+    let Db::MySql(pool, _) = &db else {
+        unreachable!()
+    };
+    let ttl = Duration::from_secs(30);
+    // The newcomer's service knows the lock's row (so a refusal tries no
+    // insert), and has never been refused.
+    let quiet = db.service().await;
+    quiet
+        .acquire("page", ttl, Duration::ZERO)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // A waiter elsewhere takes a place, with the library's own statement.
+    let mut elsewhere = pool.acquire().await.unwrap();
+    let sql = fencelock::lease_table::Statements::for_table("fencelock_leases");
+    sqlx::query(&sql.mysql_join)
+        .bind("page")
+        .bind("0123456789abcdef0123456789abcdef")
+        .bind("0123456789abcdef0123456789abcdef")
+        .bind(60_000_000_i64)
+        .execute(&mut *elsewhere)
+        .await
+        .unwrap();
+    let sent = quiet.statements_sent();
+    let refused = quiet.acquire("page", ttl, Duration::ZERO).await;
+    assert!(
+        matches!(refused, Err(LockError::Timeout { .. })),
+        "a free lock with a live place in its queue is not granted to a newcomer: {refused:?}"
+    );
+    assert_eq!(
+        quiet.statements_sent() - sent,
+        2,
+        "light, then the full grant"
+    );
+
+    // The waiter goes away; its place's bound stays in the row.
+    sqlx::query("delete from fencelock_leases_waiters")
+        .execute(&mut *elsewhere)
+        .await
+        .unwrap();
+    sqlx::query("select release_all_locks()")
+        .execute(&mut *elsewhere)
+        .await
+        .unwrap();
+    let queued_ahead: i64 = sqlx::query_scalar(
+        "select count(*) from fencelock_leases where name = 'page' and queued_until > now(6)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(queued_ahead, 1, "the trigger raised queued_until");
+    db.light_grant_after_the_queue_emptied().await;
 }
 
 #[tokio::test]

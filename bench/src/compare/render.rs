@@ -627,10 +627,12 @@ pub fn markdown(report: &Report) -> String {
     let _ = writeln!(
         out,
         "Uncontended acquire+release of each lock's fair variant (the default) beside its \
-         non-fair one, measured as above. The fair grant also looks at the queue (Redis: one \
-         script that reads the server's clock and the queue; the lease tables: one statement \
-         with the queue's subqueries), and the release also names the next waiter; the issue \
-         allows the fair lock 10 % more than the non-fair one.\n"
+         non-fair one, measured as above, the two taking turns at going first in the repeats. \
+         The fair grant also looks at the queue (Redis: one script that reads the server's \
+         clock and the queue; the lease tables, for a lock not refused lately: PostgreSQL one \
+         index probe of the queue, MariaDB the lease row's `queued_until`, which a trigger on \
+         the queue keeps ahead of every place), and the release of a holder that waited names \
+         the next waiter; the issue allows the fair lock 10 % more than the non-fair one.\n"
     );
     fairness_table(report, &mut out);
     let _ = writeln!(out, "\n### The hot page\n");
