@@ -122,6 +122,29 @@
 //! lapse (read from the refused grant), whichever is first, then tries
 //! again: a lost notification costs at most that.
 //!
+//! # The hand-over (PostgreSQL)
+//! A fair holder that waited (so, on a contended lock, every holder but
+//! the first) does not just release: its release statement grants the lock
+//! to the first live place in the queue, in the same statement, with the
+//! token plus one, the waiter's holder id, client id and TTL (kept in its
+//! place, `client_id` and `ttl_secs`), and deletes that place. The
+//! notification says so (`<waiter>=<token> <name>`), and that waiter's
+//! acquire returns on it, with no statement of its own. Otherwise a
+//! hand-over is two round trips one after the other: the release, then
+//! (after the notification) the waiter's grant. ZooKeeper's lock recipe
+//! hands over the same way: the next node holds the lock once the one
+//! before it is deleted, whether its client has heard or not; and as there,
+//! a waiter that froze while queued is handed the lock and holds it until
+//! its lease lapses (its TTL; a lock-delay then applies, since it did not
+//! release). The handed lease's validity counts from the waiter's last try
+//! that was refused, since the hand-over came after it ran. A waiter that
+//! missed the notification (its listening connection was lost) finds the
+//! lock its own at its next try. A waiter that gives up deletes its place;
+//! a hand-over deletes that place under the lease row's lock, so exactly
+//! one of them finds it: a waiter that does not gives back what it may have
+//! been handed ([`Statements::pg_give_back`]). MariaDB does not hand over:
+//! one statement there cannot write the lease row and delete the place.
+//!
 //! # Release, renew
 //! Release expires the row but keeps it, so the token never restarts; a lock's
 //! tokens keep growing across database restarts because they are ordinary
@@ -146,6 +169,8 @@
 //! A database that goes away during a hold fails the renewals; the lease's
 //! validity passes and its lost signal fires.
 
+#[cfg(feature = "lease-postgres")]
+use std::sync::atomic::AtomicI64;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 #[cfg(feature = "lease-postgres")]
 use std::sync::Weak;
@@ -160,6 +185,8 @@ use sqlx::mysql::{MySql, MySqlPool, MySqlPoolOptions};
 use sqlx::pool::PoolConnection;
 #[cfg(feature = "lease-postgres")]
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+#[cfg(feature = "lease-postgres")]
+use sqlx::Row;
 #[cfg(feature = "lease-postgres")]
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -328,7 +355,11 @@ pub struct Statements {
     /// renewed; either way the lapsed places of others are deleted. The grant's atomicity
     /// is `pg_acquire`'s: the row's condition is evaluated under its lock.
     /// The queue is read from the statement's snapshot, which orders grants
-    /// but is not needed for their safety.
+    /// but is not needed for their safety. A fourth column, `handed`, says
+    /// the lock was already the caller's, handed over by a release
+    /// ([`Statements::pg_release`]) whose notification it has not seen
+    /// (lost with a listening connection, or crossed with this try): the
+    /// token is that grant's, and nothing is queued.
     pub pg_acquire_fair: String,
     /// PostgreSQL fair grant, first try: [`Statements::pg_acquire`] given
     /// only when nobody waits (no live place in the queue); `$6` as
@@ -340,12 +371,31 @@ pub struct Statements {
     pub pg_acquire_fair_first: String,
     /// PostgreSQL renew: `$1` name, `$2` holder, `$3` token, `$4` TTL in seconds.
     pub pg_renew: String,
-    /// PostgreSQL release: `$1` name, `$2` holder, `$3` token. Keeps the row.
-    /// Answers a row when released, none when the row was no longer ours; a
-    /// release notifies the table's channel (payload `<first live waiter or
-    /// *> <name>`), delivered at commit. The release of a fair lock that this
-    /// service has seen contended lately.
+    /// PostgreSQL release of a fair holder that waited: `$1` name, `$2`
+    /// holder, `$3` token. Answers a row when released, none when the row
+    /// was no longer ours. It hands the lock over: the first live place in
+    /// the queue is granted in the same statement (its waiter's holder id,
+    /// client id and TTL, kept in the place; the token plus one) and
+    /// deleted, and the notification (delivered at commit) says so:
+    /// `<waiter>=<token> <name>`. That waiter's acquire returns on the
+    /// notification, with no statement of its own: a hand-over costs one
+    /// statement, where a release and then the waiter's grant cost two round
+    /// trips one after the other (ZooKeeper's lock recipe hands over the
+    /// same way: the next node holds the lock as soon as the one before it is
+    /// deleted). Nobody live in the queue (or a place from a version without
+    /// the hand-off), it releases, keeping the row, and notifies `*` (or that
+    /// waiter's id). The lease row is locked first, then the place, as every
+    /// other statement does; a waiter that leaves the queue meanwhile either
+    /// deletes its place first (then nothing is handed over) or finds it gone
+    /// and gives back what it was handed ([`Statements::pg_give_back`]). The
+    /// releaser's own place, left over if it was handed the lock while its
+    /// try was queueing it again, is deleted too.
     pub pg_release: String,
+    /// PostgreSQL: give back a lease handed to a waiter that gave up (`$1`
+    /// name, `$2` the waiter's id, which is its holder id): released as
+    /// [`Statements::pg_release`] does without a hand-over, naming the first
+    /// live waiter.
+    pub pg_give_back: String,
     /// PostgreSQL release, light: [`Statements::pg_release`] without looking
     /// at the queue; the payload is `* <name>`, which wakes every waiter of
     /// the lock (the first in line is granted, the others wait again). The
@@ -355,6 +405,9 @@ pub struct Statements {
     /// PostgreSQL: a fair waiter that gives up deletes its place (`$1` name,
     /// `$2` waiter) and, if it was first, wakes the waiter after it (by name:
     /// that one knows it was behind), or, nobody after it, every waiter.
+    /// Answers how many it notified and whether it found its place
+    /// (`left_queue`): when not, a release may have handed it the lock, and
+    /// [`Statements::pg_give_back`] follows.
     pub pg_leave: String,
     /// PostgreSQL holder lookup: `$1` name. The client id and token of a lease
     /// that is neither released nor lapsed, by the database's clock.
@@ -499,9 +552,15 @@ impl Statements {
         let pg_bumped = format!(
             "bumped as (
   update {t} l set queued_until = greatest(l.queued_until, now() + make_interval(secs => $6))
-   where l.name = $1 and $6 > 0 and not exists (select 1 from granted)
+   where l.name = $1 and $6 > 0 and not exists (select 1 from granted)MINE
   returning 1
 ),"
+        );
+        let pg_bumped_first = pg_bumped.replace("MINE", "");
+        let pg_bumped_later = pg_bumped.replace(
+            "MINE",
+            "
+     and not exists (select 1 from mine)",
         );
         let pg_held_for = format!(
             "(select extract(epoch from l.expires_at
@@ -560,10 +619,10 @@ select g.token,
                 "
 with granted as ({}
 ),
-{pg_bumped}
+{pg_bumped_first}
 queued as (
-  insert into {t}_waiters (name, waiter, expires_at)
-  select $1, $2, now() + make_interval(secs => $6)
+  insert into {t}_waiters (name, waiter, expires_at, client_id, ttl_secs)
+  select $1, $2, now() + make_interval(secs => $6), $5, $3
    where $6 > 0 and exists (select 1 from bumped)
   on conflict (name, waiter) do update set expires_at = excluded.expires_at
 ),
@@ -604,21 +663,27 @@ purged as (
   delete from {t}_waiters w
    where w.name = $1 and w.expires_at <= now() and w.waiter <> $2
 ),
-{pg_bumped}
+mine as (
+  select l.token from {t} l
+   where l.name = $1 and l.holder = $2 and not l.released and l.expires_at > now()
+),
+{pg_bumped_later}
 queued as (
-  insert into {t}_waiters (name, waiter, expires_at)
-  select $1, $2, now() + make_interval(secs => $6)
+  insert into {t}_waiters (name, waiter, expires_at, client_id, ttl_secs)
+  select $1, $2, now() + make_interval(secs => $6), $5, $3
    where $6 > 0 and exists (select 1 from bumped)
   on conflict (name, waiter) do update set expires_at = excluded.expires_at
 )
-select g.token,
-       case when g.token is null then
+select coalesce(g.token, g.mine) as token,
+       case when g.token is null and g.mine is null then
          greatest({pg_held_for},
                   (select extract(epoch from f.expires_at - now())::float8
                      from first f where f.waiter <> $2))
        end as wait_secs,
-       g.token is null and exists (select 1 from first f where f.waiter <> $2) as behind
-  from (select (select token from granted) as token) g",
+       g.token is null and g.mine is null
+         and exists (select 1 from first f where f.waiter <> $2) as behind,
+       g.token is null and g.mine is not null as handed
+  from (select (select token from granted) as token, (select token from mine) as mine) g",
                 pg_grant.replace(
                     "SOURCE",
                     "select $1, $2, $5, 1, now() + make_interval(secs => $3), false, now()
@@ -633,9 +698,45 @@ update {t} set expires_at = now() + make_interval(secs => $4)
             ),
             pg_release: format!(
                 "
-update {t} l set expires_at = now(), released = true
+with lk as (
+  select l.token from {t} l
+   where l.name = $1 and l.holder = $2 and l.token = $3
+     and not l.released and l.expires_at > now()
+     for update
+),
+next as (
+  select w.waiter, w.ttl_secs from {t}_waiters w
+   where w.name = $1 and w.expires_at > now() and w.waiter <> $2
+     and exists (select 1 from lk)
+   order by w.ticket limit 1
+),
+served as (
+  delete from {t}_waiters w using next n
+   where w.name = $1 and w.waiter = n.waiter
+     and w.client_id is not null and w.ttl_secs is not null
+  returning w.waiter, w.client_id, w.ttl_secs
+),
+own as (
+  delete from {t}_waiters w where w.name = $1 and w.waiter = $2
+)
+update {t} l
+   set holder = coalesce(s.waiter, l.holder),
+       client_id = coalesce(s.client_id, l.client_id),
+       token = l.token + case when s.waiter is null then 0 else 1 end,
+       expires_at = now() + make_interval(secs => coalesce(s.ttl_secs, 0)),
+       released = s.waiter is null,
+       granted_at = case when s.waiter is null then l.granted_at else now() end
+  from lk left join served s on true
  where l.name = $1 and l.holder = $2 and l.token = $3
-   and not l.released and l.expires_at > now()
+returning pg_notify('{t}', coalesce(
+           s.waiter || '=' || l.token,
+           (select n.waiter from next n),
+           '*') || ' ' || l.name)"
+            ),
+            pg_give_back: format!(
+                "
+update {t} l set expires_at = now(), released = true
+ where l.name = $1 and l.holder = $2 and not l.released and l.expires_at > now()
 returning pg_notify('{t}', coalesce(
            (select w.waiter from {t}_waiters w
              where w.name = l.name and w.expires_at > now()
@@ -662,7 +763,8 @@ notified as (
    where not exists (select 1 from {t}_waiters w
                       where w.name = $1 and w.ticket < g.ticket and w.expires_at > now())
 )
-select (select count(*) from notified) as notified"
+select (select count(*) from notified) as notified,
+       (select count(*) from gone) as left_queue"
             ),
             pg_holder: format!(
                 "
@@ -805,6 +907,11 @@ create table if not exists {table}_waiters (
     ticket     bigint      generated always as identity,
     waiter     text        not null,
     expires_at timestamptz not null,
+    -- The waiter's client id and TTL: a release hands the lock to the first
+    -- live place with its grant (null: a waiter of a version before the
+    -- hand-off, which is woken to try instead).
+    client_id  text,
+    ttl_secs   float8,
     primary key (name, ticket),
     unique (name, waiter)
 )"
@@ -870,21 +977,38 @@ for each row
     }
 }
 
-/// PostgreSQL: whether lease table `table` (in the current schema; an
-/// unquoted name, so folded to lower case) has the `queued_until` column.
+/// PostgreSQL: the columns that tables made by an earlier version lack
+/// (the lease table's `queued_until`; the queue's `client_id` and
+/// `ttl_secs`, which the hand-over reads), as `alter table` statements.
+/// Empty when the tables are current. The table name is folded to lower
+/// case, as an unquoted name is.
 #[cfg(feature = "lease-postgres")]
-async fn pg_has_queued_until<'e>(
+async fn pg_missing_columns<'e>(
     db: impl sqlx::PgExecutor<'e>,
     table: &str,
-) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(
-        "select exists (select 1 from information_schema.columns
-                         where table_schema = current_schema() and table_name = lower($1)
-                           and column_name = 'queued_until')",
+) -> Result<Vec<String>, sqlx::Error> {
+    let wanted = [
+        (table.to_string(), "queued_until", "timestamptz"),
+        (format!("{table}_waiters"), "client_id", "text"),
+        (format!("{table}_waiters"), "ttl_secs", "float8"),
+    ];
+    let present: Vec<(String, String)> = sqlx::query_as(
+        "select table_name::text, column_name::text from information_schema.columns
+          where table_schema = current_schema()
+            and table_name in (lower($1), lower($1) || '_waiters')",
     )
     .bind(table)
-    .fetch_one(db)
-    .await
+    .fetch_all(db)
+    .await?;
+    Ok(wanted
+        .iter()
+        .filter(|(t, c, _)| {
+            !present
+                .iter()
+                .any(|(pt, pc)| *pt == t.to_lowercase() && pc == c)
+        })
+        .map(|(t, c, ty)| format!("alter table {t} add column if not exists {c} {ty}"))
+        .collect())
 }
 
 /// MariaDB: run `$statement` (an `async` block using `$conn`, the
@@ -1071,16 +1195,11 @@ impl LeaseTable {
                 for ddl in Statements::postgres_ddl_statements(&options.table) {
                     sqlx::query(&ddl).execute(&mut *tx).await?;
                 }
-                // A table made by an earlier version has no `queued_until`.
-                // Looked up first: `alter table` takes the table's exclusive
-                // lock even when the column exists.
-                if !pg_has_queued_until(&mut *tx, &options.table).await? {
-                    sqlx::query(&format!(
-                        "alter table {} add column if not exists queued_until timestamptz",
-                        options.table
-                    ))
-                    .execute(&mut *tx)
-                    .await?;
+                // Tables made by an earlier version lack columns. Looked up
+                // first: `alter table` takes the table's exclusive lock even
+                // when the column exists.
+                for alter in pg_missing_columns(&mut *tx, &options.table).await? {
+                    sqlx::query(&alter).execute(&mut *tx).await?;
                 }
                 tx.commit().await
             };
@@ -1088,14 +1207,15 @@ impl LeaseTable {
                 LockError::unavailable(ISSUER_POSTGRES, format!("create lease table: {e}"))
             })?;
         }
-        let has_column = pg_has_queued_until(&pool, &options.table)
+        let missing = pg_missing_columns(&pool, &options.table)
             .await
             .map_err(|e| LockError::unavailable(ISSUER_POSTGRES, e))?;
-        if !has_column {
+        if !missing.is_empty() {
             return Err(LockError::InvalidConfig(format!(
-                "the lease table {t} has no column queued_until, which the fair lock keeps \
-                 (fencelock 0.1 added it): run `alter table {t} add column queued_until \
-                 timestamptz`, or let the library do it (LeaseTableOptions::create_table)",
+                "the lease table {t} or its queue lacks columns that the fair lock keeps \
+                 (tables made by an earlier version): run `{}`, or let the library do it \
+                 (LeaseTableOptions::create_table)",
+                missing.join("; "),
                 t = options.table
             )));
         }
@@ -1394,6 +1514,33 @@ impl LeaseTable {
         })
     }
 
+    /// A lease that a release handed to this waiter (token `token`): its
+    /// validity counts from the last try that was refused (the hand-over
+    /// came after that try ran), and it names the waiter behind it at its
+    /// release, as any waiter that was granted does.
+    #[cfg(feature = "lease-postgres")]
+    fn handed_lease(
+        &self,
+        name: &str,
+        opts: AcquireOptions,
+        holder: &str,
+        token: i64,
+        state: &AcquireState,
+    ) -> Result<Lease, LockError> {
+        let since = *state.since.lock().expect("since mutex");
+        Ok(self.lease(
+            name,
+            opts,
+            since,
+            holder,
+            self.token(token)?,
+            Kept {
+                waited: true,
+                ..Kept::default()
+            },
+        ))
+    }
+
     /// One PostgreSQL grant attempt (fair or not, in one statement). A fair
     /// waiter's refused try takes or renews its place in the same statement.
     #[cfg(feature = "lease-postgres")]
@@ -1406,6 +1553,14 @@ impl LeaseTable {
         queue: bool,
         state: &AcquireState,
     ) -> Result<Try, LockError> {
+        // A release handed the lock to this waiter: granted, with no
+        // statement (see `Statements::pg_release`).
+        let handed = state.handed.swap(0, Ordering::SeqCst);
+        if handed > 0 {
+            return Ok(Try::Granted(
+                self.handed_lease(name, opts, holder, handed, state)?,
+            ));
+        }
         let requested_at = Instant::now();
         let place = if self.fair && queue {
             self.place().as_secs_f64()
@@ -1452,31 +1607,41 @@ impl LeaseTable {
             // neither; a fair one needs the look at the queue, since
             // `queued_until` may still lie ahead with nobody left in it.
             self.shared.contend(name);
+            *state.since.lock().expect("since mutex") = requested_at;
             if !queue && !self.fair {
                 return Ok(Try::Refused(self.poll_fallback));
             }
         }
-        let (token, wait_secs, behind): (Option<i64>, Option<f64>, Option<bool>) =
-            with_reconnect(|| async {
-                self.sent(1);
-                let q = match (self.fair, first) {
-                    (false, _) => &self.sql.pg_acquire,
-                    (true, true) => &self.sql.pg_acquire_fair_first,
-                    (true, false) => &self.sql.pg_acquire_fair,
-                };
-                let mut q = sqlx::query_as(q)
-                    .bind(name)
-                    .bind(holder)
-                    .bind(opts.ttl.as_secs_f64())
-                    .bind(self.lock_delay.as_secs_f64())
-                    .bind(&*self.client_id);
-                if self.fair {
-                    q = q.bind(place);
-                }
-                q.fetch_one(pool).await.map_err(|e| self.err(e))
-            })
-            .await?;
+        let (token, wait_secs, behind, handed): PgTry = with_reconnect(|| async {
+            self.sent(1);
+            let q = match (self.fair, first) {
+                (false, _) => &self.sql.pg_acquire,
+                (true, true) => &self.sql.pg_acquire_fair_first,
+                (true, false) => &self.sql.pg_acquire_fair,
+            };
+            let q = sqlx::query(q)
+                .bind(name)
+                .bind(holder)
+                .bind(opts.ttl.as_secs_f64())
+                .bind(self.lock_delay.as_secs_f64())
+                .bind(&*self.client_id);
+            let q = if self.fair { q.bind(place) } else { q };
+            let row = q.fetch_one(pool).await.map_err(|e| self.err(e))?;
+            let handed = if self.fair && !first {
+                row.try_get("handed")
+            } else {
+                Ok(None)
+            };
+            let read = || -> Result<PgTry, sqlx::Error> {
+                Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, handed?))
+            };
+            read().map_err(|e| self.err(e))
+        })
+        .await?;
         Ok(match token {
+            Some(t) if handed == Some(true) => {
+                Try::Granted(self.handed_lease(name, opts, holder, t, state)?)
+            }
             Some(t) => Try::Granted(self.lease(
                 name,
                 opts,
@@ -1490,6 +1655,7 @@ impl LeaseTable {
             )),
             None => {
                 self.shared.contend(name);
+                *state.since.lock().expect("since mutex") = requested_at;
                 state
                     .behind
                     .store(behind.unwrap_or(false), Ordering::SeqCst);
@@ -1713,12 +1879,26 @@ impl LeaseTable {
             Pool::Postgres(pool) => {
                 let left = with_reconnect(|| async {
                     self.sent(1);
-                    sqlx::query_scalar::<_, i64>(&self.sql.pg_leave)
+                    let (_notified, left): (i64, i64) = sqlx::query_as(&self.sql.pg_leave)
                         .bind(name)
                         .bind(waiter)
                         .fetch_one(pool)
                         .await
+                        .map_err(|e| self.err(e))?;
+                    if left > 0 {
+                        return Ok(());
+                    }
+                    // The place was gone: a release may have handed this
+                    // waiter the lock (its place deleted under the lease
+                    // row's lock, so that release has committed by now).
+                    self.sent(1);
+                    sqlx::query(&self.sql.pg_give_back)
+                        .bind(name)
+                        .bind(waiter)
+                        .execute(pool)
+                        .await
                         .map_err(|e| self.err(e))
+                        .map(drop)
                 })
                 .await;
                 if let Err(e) = left {
@@ -1747,6 +1927,10 @@ impl LeaseTable {
             first: AtomicBool::new(true),
             #[cfg(feature = "lease-postgres")]
             behind: Arc::default(),
+            #[cfg(feature = "lease-postgres")]
+            handed: Arc::default(),
+            #[cfg(feature = "lease-postgres")]
+            since: Mutex::new(Instant::now()),
             #[cfg(feature = "lease-mysql")]
             my: tokio::sync::Mutex::new(MyWait::default()),
         };
@@ -1755,6 +1939,7 @@ impl LeaseTable {
             Pool::Postgres(pool) => {
                 let filter = self.fair.then(|| holder.clone());
                 let behind = self.fair.then(|| state.behind.clone());
+                let handed = self.fair.then(|| state.handed.clone());
                 // While the `LISTEN` connection runs and the lock was seen
                 // contended lately, register before the first try, which
                 // costs no round trip: a release after it is seen, so a
@@ -1765,9 +1950,12 @@ impl LeaseTable {
                 // during its try, kept it open (every release then went to
                 // it: 0.73–0.97× the uncontended rate after contention).
                 let registered = if queue && self.shared.is_contended(name) {
-                    self.shared
-                        .listen
-                        .register_if_running(name, filter.clone(), behind.clone())
+                    self.shared.listen.register_if_running(
+                        name,
+                        filter.clone(),
+                        behind.clone(),
+                        handed.clone(),
+                    )
                 } else {
                     None
                 };
@@ -1789,7 +1977,7 @@ impl LeaseTable {
                             let registration = self
                                 .shared
                                 .listen
-                                .register(pool, name, filter, behind)
+                                .register(pool, name, filter, behind, handed)
                                 .await;
                             SubscribedWaiter(registration)
                         })
@@ -1836,6 +2024,12 @@ impl LeaseTable {
     }
 }
 
+/// A PostgreSQL try's answer: the token when granted, how long to wait and
+/// whether a live place is ahead when refused, and whether the grant was
+/// handed over (fair, later tries only).
+#[cfg(feature = "lease-postgres")]
+type PgTry = (Option<i64>, Option<f64>, Option<bool>, Option<bool>);
+
 /// What the tries (and, on MariaDB, the waits) of one acquire share.
 struct AcquireState {
     /// No try sent yet: the next one takes the uncontended path.
@@ -1844,6 +2038,16 @@ struct AcquireState {
     /// (see [`Wakers::register_behind`]).
     #[cfg(feature = "lease-postgres")]
     behind: Arc<AtomicBool>,
+    /// PostgreSQL, fair: the token of a grant that a release handed to this
+    /// waiter (0: none yet), left by the listener before it wakes the
+    /// waiter (see [`Statements::pg_release`]).
+    #[cfg(feature = "lease-postgres")]
+    handed: Arc<AtomicI64>,
+    /// PostgreSQL, fair: when the last try that was refused was sent (at
+    /// first, when the acquire began). A hand-over happens after that
+    /// try ran, so a lease handed over counts its validity from it.
+    #[cfg(feature = "lease-postgres")]
+    since: Mutex<Instant>,
     /// MariaDB: the acquire's connection and its place.
     #[cfg(feature = "lease-mysql")]
     my: tokio::sync::Mutex<MyWait>,
@@ -1954,11 +2158,12 @@ impl Listen {
         name: &str,
         waiter: Option<Arc<str>>,
         behind: Option<Arc<AtomicBool>>,
+        handed: Option<Arc<AtomicI64>>,
     ) -> Option<Registration> {
         if !self.running.load(Ordering::SeqCst) {
             return None;
         }
-        let registration = self.wakers.register_behind(name, waiter, behind);
+        let registration = self.wakers.register_behind(name, waiter, behind, handed);
         // Checked again after registering: a task that ended in between
         // woke the waiters registered before us, not us; and a task that
         // stops for want of waiters clears the flag before it looks for
@@ -1975,8 +2180,9 @@ impl Listen {
         name: &str,
         waiter: Option<Arc<str>>,
         behind: Option<Arc<AtomicBool>>,
+        handed: Option<Arc<AtomicI64>>,
     ) -> Option<Registration> {
-        let registration = self.wakers.register_behind(name, waiter, behind);
+        let registration = self.wakers.register_behind(name, waiter, behind, handed);
         let mut state = self.state.lock().await;
         if state.running {
             return Some(registration);
@@ -2038,7 +2244,14 @@ impl Listen {
                     got = listener.try_recv() => match got {
                         Ok(Some(n)) => {
                             if let Some((target, name)) = n.payload().split_once(' ') {
-                                wakers.notify(name, target);
+                                // `<waiter>=<token>`: a release handed the
+                                // lock to that waiter.
+                                match target.split_once('=').map(|(w, t)| (w, t.parse())) {
+                                    Some((waiter, Ok(token))) => {
+                                        wakers.hand_over(name, waiter, token)
+                                    }
+                                    _ => wakers.notify(name, target),
+                                }
                             }
                         }
                         // The connection was lost (the listener reconnects

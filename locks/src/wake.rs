@@ -24,7 +24,7 @@
 )]
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,6 +52,9 @@ struct Route {
     /// Set while the fair waiter knows a live place is ahead of its own:
     /// then `*` does not wake it, only a message naming it.
     behind: Option<Behind>,
+    /// Where a hand-over to this waiter leaves its token (see
+    /// [`Wakers::hand_over`]).
+    handed: Option<Arc<AtomicI64>>,
     tx: watch::Sender<u64>,
 }
 
@@ -76,7 +79,7 @@ impl Wakers {
     /// Register a waiter under `key`. It is woken from now on.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn register(self: &Arc<Self>, key: &str, waiter: Option<Arc<str>>) -> Registration {
-        self.register_behind(key, waiter, None)
+        self.register_behind(key, waiter, None, None)
     }
 
     /// Register a fair waiter (`waiter` is `Some`) whose tries keep `behind`
@@ -84,12 +87,14 @@ impl Wakers {
     /// that named nobody) wakes it only while `behind` is clear, so such a
     /// release wakes the first in line, not the whole queue. A waiter that
     /// becomes first because the one ahead was granted is named by that
-    /// one's release.
+    /// one's release. A release that hands the lock to this waiter stores
+    /// the token in `handed` before it wakes it.
     pub(crate) fn register_behind(
         self: &Arc<Self>,
         key: &str,
         waiter: Option<Arc<str>>,
         behind: Option<Arc<AtomicBool>>,
+        handed: Option<Arc<AtomicI64>>,
     ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = watch::channel(0u64);
@@ -114,6 +119,7 @@ impl Wakers {
                 id,
                 waiter,
                 behind,
+                handed,
                 tx,
             });
         registration
@@ -155,6 +161,25 @@ impl Wakers {
                 route.tx.send_modify(|n| *n += 1);
             }
         }
+    }
+
+    /// A release handed the lock under `key` to `waiter` with `token`: the
+    /// token goes to that waiter's `handed` (before the wake, so that the
+    /// woken waiter finds it), then it is woken as by a notification naming
+    /// it.
+    #[cfg_attr(not(feature = "lease-postgres"), allow(dead_code))]
+    pub(crate) fn hand_over(&self, key: &str, waiter: &str, token: i64) {
+        {
+            let routes = self.routes.lock().expect("wakers mutex");
+            for route in routes.get(key).into_iter().flatten() {
+                if let (Some(w), Some(h)) = (&route.waiter, &route.handed) {
+                    if **w == *waiter {
+                        h.store(token, Ordering::SeqCst);
+                    }
+                }
+            }
+        }
+        self.notify(key, waiter);
     }
 
     /// The notifications may have been lost: wake everybody.
@@ -395,8 +420,8 @@ mod tests {
     async fn a_release_naming_nobody_skips_a_fair_waiter_that_is_behind() {
         let wakers = Arc::new(Wakers::default());
         let behind = Arc::new(AtomicBool::new(true));
-        let mut first = wakers.register_behind("k", Some("a".into()), Some(Arc::default()));
-        let mut second = wakers.register_behind("k", Some("b".into()), Some(behind.clone()));
+        let mut first = wakers.register_behind("k", Some("a".into()), Some(Arc::default()), None);
+        let mut second = wakers.register_behind("k", Some("b".into()), Some(behind.clone()), None);
         let mut any = wakers.register("k", None);
         for r in [&mut first, &mut second, &mut any] {
             r.arm();
@@ -417,13 +442,34 @@ mod tests {
     async fn a_release_naming_nobody_during_a_try_that_finds_the_waiter_first_is_not_missed() {
         let wakers = Arc::new(Wakers::default());
         let behind = Arc::new(AtomicBool::new(true));
-        let mut r = wakers.register_behind("k", Some("a".into()), Some(behind.clone()));
+        let mut r = wakers.register_behind("k", Some("a".into()), Some(behind.clone()), None);
         r.arm(); // the try goes out, still counted behind
         wakers.notify("k", "*"); // a release while it is in flight
         behind.store(false, Ordering::SeqCst); // the try: first after all
         assert!(r.wait(Duration::from_secs(3600)).await);
         r.arm();
         assert!(!r.wait(Duration::from_millis(1)).await, "seen once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hand_over_leaves_the_token_with_its_waiter_only_and_wakes_it() {
+        let wakers = Arc::new(Wakers::default());
+        let (ha, hb) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
+        let mut a = wakers.register_behind("k", Some("a".into()), None, Some(ha.clone()));
+        let mut b = wakers.register_behind("k", Some("b".into()), None, Some(hb.clone()));
+        a.arm();
+        b.arm();
+        wakers.hand_over("k", "a", 42);
+        assert!(
+            a.wait(Duration::from_secs(1)).await,
+            "the waiter handed the lock is woken"
+        );
+        assert_eq!(ha.load(Ordering::SeqCst), 42);
+        assert!(
+            !b.wait(Duration::from_secs(1)).await,
+            "another fair waiter is not"
+        );
+        assert_eq!(hb.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test(start_paused = true)]

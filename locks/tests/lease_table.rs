@@ -582,6 +582,277 @@ async fn postgres_a_fair_hand_over_costs_the_waiter_three_statements() {
     assert_eq!(statements_of_a_hand_over(postgres_at().await).await, 3);
 }
 
+/// PostgreSQL: the release of a holder that waited hands the lock to the
+/// first live place in the same statement. Driven with the library's own
+/// statements, to look at each step: the lease row names the waiter (its
+/// holder id and client id, its TTL, the token plus one), its place is
+/// gone, and the notification carries the grant. A try of the waiter that
+/// did not see that notification finds the lock its own (`handed`) and
+/// queues nothing; its release, with nobody queued, releases.
+#[tokio::test]
+async fn postgres_a_release_hands_the_lock_to_the_first_live_place() {
+    let (_svc, db) = postgres_at().await;
+    let Db::Postgres(pool, _) = &db else {
+        unreachable!()
+    };
+    let sql = fencelock::lease_table::Statements::for_table("fencelock_leases");
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .unwrap();
+    listener.listen("fencelock_leases").await.unwrap();
+    // `$1` name, `$2` holder, `$3` TTL, `$4` lock-delay, `$5` client id,
+    // `$6` how long a place lasts.
+    let first_try = |holder: &'static str, client: &'static str, ttl: f64| {
+        sqlx::query_as::<_, (Option<i64>, Option<f64>, Option<bool>)>(&sql.pg_acquire_fair_first)
+            .bind("page")
+            .bind(holder)
+            .bind(ttl)
+            .bind(0.0_f64)
+            .bind(client)
+            .bind(60.0_f64)
+            .fetch_one(pool)
+    };
+    let (held, _, _) = first_try("h1", "holder-client", 30.0).await.unwrap();
+    let held = held.expect("granted, nobody queued");
+    let (refused, _, _) = first_try("w1", "waiter-client", 12.0).await.unwrap();
+    assert_eq!(refused, None);
+    assert_eq!(db.queued("page").await, 1);
+
+    let release = |holder: &'static str, token: i64| {
+        sqlx::query(&sql.pg_release)
+            .bind("page")
+            .bind(holder)
+            .bind(token)
+            .fetch_optional(pool)
+    };
+    assert!(release("h1", held).await.unwrap().is_some(), "released");
+    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("notified")
+        .unwrap();
+    assert_eq!(note.payload(), format!("w1={} page", held + 1));
+    let (holder, client, token, released, ttl_left): (String, String, i64, bool, f64) =
+        sqlx::query_as(
+            "select holder, client_id, token, released,
+                    extract(epoch from expires_at - now())::float8
+               from fencelock_leases where name = 'page'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (holder.as_str(), client.as_str(), token, released),
+        ("w1", "waiter-client", held + 1, false),
+        "the lock is the waiter's, with its client id and the next token"
+    );
+    assert!(
+        ttl_left > 10.0 && ttl_left <= 12.0,
+        "for the waiter's TTL: {ttl_left}"
+    );
+    assert_eq!(db.queued("page").await, 0, "the place was served");
+
+    // The waiter's next try (as after a lost notification).
+    let (token, wait, _, handed): (Option<i64>, Option<f64>, Option<bool>, Option<bool>) =
+        sqlx::query_as(&sql.pg_acquire_fair)
+            .bind("page")
+            .bind("w1")
+            .bind(12.0_f64)
+            .bind(0.0_f64)
+            .bind("waiter-client")
+            .bind(60.0_f64)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!((token, wait, handed), (Some(held + 1), None, Some(true)));
+    assert_eq!(db.queued("page").await, 0, "a handed waiter does not queue");
+
+    // Nobody queued: the waiter's release releases, and wakes anybody.
+    assert!(release("w1", held + 1).await.unwrap().is_some());
+    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("notified")
+        .unwrap();
+    assert_eq!(note.payload(), "* page");
+    assert!(
+        release("w1", held + 1).await.unwrap().is_none(),
+        "a second release finds it no longer held"
+    );
+}
+
+/// A new service (fallback poll 60 s) waiting for `page`, alone in its
+/// queue: refused (queued), listening, refused again. `page` must be held.
+async fn a_waiter_in_the_queue(
+    db: &Db,
+    ttl: Duration,
+) -> (
+    LeaseTable,
+    tokio::task::JoinHandle<Result<fencelock::Lease, LockError>>,
+) {
+    let waiter = db
+        .service()
+        .await
+        .with_poll_fallback(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.acquire("page", ttl, Duration::from_secs(50)).await }
+    });
+    db.wait_queued("page", 1).await;
+    wait_tries(&waiter, 2).await;
+    (waiter, waiting)
+}
+
+/// A lease on `page` of a new service that waited for it behind one of
+/// `svc`'s (so that its release, a waiter's, hands over).
+async fn a_lease_granted_after_waiting(
+    svc: &LeaseTable,
+    db: &Db,
+    ttl: Duration,
+) -> fencelock::Lease {
+    let blocker = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
+    let (_holder, holding) = a_waiter_in_the_queue(db, ttl).await;
+    blocker.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), holding)
+        .await
+        .expect("granted after the release")
+        .unwrap()
+        .unwrap()
+}
+
+/// PostgreSQL, through the library: a waiter is handed the lock by the
+/// release of a holder that waited. Its acquire returns on the notification
+/// without a statement of its own, with the next token, a validity no
+/// longer than its TTL, and the holder lookup naming its client.
+#[tokio::test]
+async fn postgres_a_waiter_handed_the_lock_sends_no_statement_to_take_it() {
+    let (svc, db) = postgres_at().await;
+    let ttl = Duration::from_secs(30);
+    let lease = a_lease_granted_after_waiting(&svc, &db, ttl).await;
+    let (waiter, waiting) = a_waiter_in_the_queue(&db, ttl).await;
+    let sent = waiter.statements_sent();
+    let released = lease.token().unwrap().get();
+    lease.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("granted after the release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        waiter.statements_sent(),
+        sent,
+        "the hand-over cost the waiter no statement"
+    );
+    assert_eq!(waiter.wait_stats().timed_out, 0, "woken by the release");
+    assert_eq!(granted.token().unwrap().get(), released + 1);
+    let validity = granted
+        .remaining()
+        .expect("a lease table lease has a validity");
+    assert!(
+        validity <= ttl && validity > ttl / 2,
+        "counted from the waiter's last refused try: {validity:?}"
+    );
+    let named = fencelock::HolderLookup::current_holder(&svc, "page")
+        .await
+        .unwrap()
+        .expect("held");
+    assert_eq!(named.client_id, waiter.client_id());
+    assert_eq!(named.token, granted.token().unwrap());
+    assert_eq!(db.queued("page").await, 0);
+    granted.release().await.unwrap();
+    assert!(fencelock::HolderLookup::current_holder(&svc, "page")
+        .await
+        .unwrap()
+        .is_none());
+}
+
+/// PostgreSQL: a waiter that gives up while a release hands it the lock.
+/// The release locks the lease row, then deletes the waiter's place; the
+/// waiter's leave deletes the same place. The test holds the place's row so
+/// that both wait for it, in either order: leave first, nothing is handed
+/// over (the release finds no place to serve); release first, the leave
+/// finds its place gone and gives back the lease it was handed. Either way
+/// the lock is free at once, not after the waiter's 30 s TTL.
+#[tokio::test]
+async fn postgres_a_waiter_that_gives_up_during_its_hand_over_leaves_the_lock_free() {
+    let (svc, db) = postgres_at().await;
+    let Db::Postgres(pool, _) = &db else {
+        unreachable!()
+    };
+    let ttl = Duration::from_secs(30);
+    for release_first in [false, true] {
+        let lease = a_lease_granted_after_waiting(&svc, &db, ttl).await;
+        let (_waiter, waiting) = a_waiter_in_the_queue(&db, ttl).await;
+
+        let mut row = pool.begin().await.unwrap();
+        sqlx::query("select 1 from fencelock_leases_waiters where name = 'page' for update")
+            .execute(&mut *row)
+            .await
+            .unwrap();
+        let blocked = |n: i64| async move {
+            harness::wait_until(Duration::from_secs(10), || async {
+                let waiting: i64 = sqlx::query_scalar(
+                    "select count(*) from pg_stat_activity \
+                      where datname = current_database() and wait_event_type = 'Lock'",
+                )
+                .fetch_one(pool)
+                .await
+                .unwrap();
+                match waiting {
+                    w if w == n => Ok(()),
+                    w => Err(format!("{w} statements waiting for a lock, not {n}")),
+                }
+            })
+            .await
+            .unwrap();
+        };
+        let token = lease.token().unwrap().get();
+        let releasing = if release_first {
+            let releasing = tokio::spawn(async move { lease.release().await });
+            blocked(1).await;
+            waiting.abort(); // the acquire is dropped: it leaves the queue
+            blocked(2).await;
+            Some(releasing)
+        } else {
+            waiting.abort();
+            blocked(1).await;
+            let releasing = tokio::spawn(async move { lease.release().await });
+            blocked(2).await;
+            Some(releasing)
+        };
+        row.rollback().await.unwrap();
+        releasing.unwrap().await.unwrap().unwrap();
+
+        harness::wait_until(Duration::from_secs(10), || async {
+            match fencelock::HolderLookup::current_holder(&svc, "page")
+                .await
+                .unwrap()
+            {
+                None => Ok(()),
+                Some(h) => Err(format!("still held: {h:?}")),
+            }
+        })
+        .await
+        .unwrap();
+        let last: i64 =
+            sqlx::query_scalar("select token from fencelock_leases where name = 'page'")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        let handed = if release_first { 1 } else { 0 };
+        assert_eq!(
+            last as u64,
+            token + handed,
+            "release first: {release_first}; handed over: {handed}"
+        );
+        assert_eq!(db.queued("page").await, 0);
+        svc.acquire("page", ttl, Duration::ZERO)
+            .await
+            .expect("free at once")
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
 /// MariaDB: the refused try, the place (with the waiter's bell), one wait
 /// (woken by the release), the grant, the deletion of the place (in the
 /// background, awaited by the release), the release.
@@ -955,30 +1226,39 @@ async fn postgres_the_light_fair_grant_passes_no_live_place() {
     db.light_grant_after_the_queue_emptied().await;
 }
 
-/// A lease table made before `queued_until` existed: the constructor adds
-/// the column, and a service told not to touch the schema refuses to start,
-/// naming the `alter table` to run.
+/// Tables made before `queued_until` and the hand-over's columns existed:
+/// the constructor adds the columns, and a service told not to touch the
+/// schema refuses to start, naming the `alter table`s to run.
 #[tokio::test]
-async fn postgres_a_lease_table_from_before_queued_until_gets_the_column_or_a_clear_refusal() {
+async fn postgres_tables_from_before_queued_until_and_the_hand_over_get_the_columns_or_a_clear_refusal(
+) {
     let url = harness::fresh_database().await;
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     for ddl in fencelock::lease_table::Statements::postgres_ddl_statements("fencelock_leases") {
         sqlx::query(&ddl).execute(&pool).await.unwrap();
     }
-    sqlx::query("alter table fencelock_leases drop column queued_until")
-        .execute(&pool)
-        .await
-        .unwrap();
+    for drop in [
+        "alter table fencelock_leases drop column queued_until",
+        "alter table fencelock_leases_waiters drop column client_id",
+        "alter table fencelock_leases_waiters drop column ttl_secs",
+    ] {
+        sqlx::query(drop).execute(&pool).await.unwrap();
+    }
     let refused = LeaseTable::postgres_with(
         &url,
         fencelock::lease_table::LeaseTableOptions::default().create_table(false),
     )
     .await;
     match refused {
-        Err(LockError::InvalidConfig(msg)) => assert!(
-            msg.contains("alter table fencelock_leases add column queued_until"),
-            "{msg}"
-        ),
+        Err(LockError::InvalidConfig(msg)) => {
+            for alter in [
+                "alter table fencelock_leases add column if not exists queued_until timestamptz",
+                "alter table fencelock_leases_waiters add column if not exists client_id text",
+                "alter table fencelock_leases_waiters add column if not exists ttl_secs float8",
+            ] {
+                assert!(msg.contains(alter), "{msg}");
+            }
+        }
         other => panic!("expected a refusal naming the alter table: {other:?}"),
     }
     let svc = LeaseTable::postgres(&url).await.unwrap();

@@ -629,10 +629,11 @@ pub fn markdown(report: &Report) -> String {
         "Uncontended acquire+release of each lock's fair variant (the default) beside its \
          non-fair one, measured as above, the two taking turns at going first in the repeats. \
          The fair grant also looks at the queue (Redis: one script that reads the server's \
-         clock and the queue; the lease tables, for a lock not refused lately: PostgreSQL one \
-         index probe of the queue, MariaDB the lease row's `queued_until`, which a trigger on \
-         the queue keeps ahead of every place), and the release of a holder that waited names \
-         the next waiter; the issue allows the fair lock 10 % more than the non-fair one.\n"
+         clock and the queue; the lease tables, for a lock not refused lately: the lease \
+         row's `queued_until`, which the statement that queues (PostgreSQL) or a trigger on the \
+         queue (MariaDB) keeps ahead of every place), and the release of a holder that waited \
+         names the next waiter (PostgreSQL: hands the lock to it); the issue allows the fair \
+         lock 10 % more than the non-fair one.\n"
     );
     fairness_table(report, &mut out);
     let _ = writeln!(out, "\n### The hot page\n");
@@ -644,7 +645,9 @@ pub fn markdown(report: &Report) -> String {
          PUT), releases, and again, with no simulated work; each has its own lock connection. \
          One worker alone, then {w} together, {secs} s each, per lock variant. The hand-over is \
          the time from a holder sending its release to the next holder's acquire returning \
-         (whoever that is): the time the lock spends idle between holders, plus a round trip. \
+         (whoever that is): the time the lock spends idle between holders, plus a round trip \
+         (the fair PostgreSQL lock hands over in the release statement itself, and the next \
+         holder's acquire returns on the notification). \
          \"Extra lock round trips\" counts the round trips to the lock service beyond one try \
          per grant, per second and per worker: retries after a refusal, and MariaDB's waits on \
          the bell (a PostgreSQL notification or a Redis message costs no round trip); not \
