@@ -939,6 +939,18 @@ impl Inner {
         *self.conn.lock().expect("redis conn mutex") = None;
     }
 
+    /// A guard for one request on the kept connection: dropped before
+    /// [`Pending::answered`], it forgets the connection. A caller that gives
+    /// up on a request before our own response timeout (the gateway asks an
+    /// issuer for at most 500 ms, and drops the lookup then) would otherwise
+    /// leave a connection that stopped answering in place for every later
+    /// request, each of them abandoned in turn before anything notices:
+    /// after a `docker compose restart redis`, the gateway answered
+    /// `issuer_unavailable` to every check until it was restarted.
+    fn pending(&self) -> Pending<'_> {
+        Pending(Some(self))
+    }
+
     /// Run one script within `limit` (at least 100 ms): a reply later than the
     /// TTL is useless anyway, and the watchdog must get control back.
     async fn run<T: redis::FromRedisValue>(
@@ -949,7 +961,10 @@ impl Inner {
         let mut conn = self.connection().await?;
         let inv = build(&self.scripts);
         let limit = limit.max(Duration::from_millis(100));
-        match tokio::time::timeout(limit, inv.invoke_async(&mut conn)).await {
+        let pending = self.pending();
+        let answer = tokio::time::timeout(limit, inv.invoke_async(&mut conn)).await;
+        pending.answered();
+        match answer {
             Err(_) => {
                 // A server that stopped answering (frozen, partitioned) keeps
                 // the socket open: reconnect next time instead of waiting on it.
@@ -1004,7 +1019,11 @@ impl HolderLookup for RedisLock {
             let mut asked_again = false;
             loop {
                 let mut conn = self.inner.connection().await?;
-                match tokio::time::timeout(RESPONSE_TIMEOUT, get.query_async(&mut conn)).await {
+                let pending = self.inner.pending();
+                let answer =
+                    tokio::time::timeout(RESPONSE_TIMEOUT, get.query_async(&mut conn)).await;
+                pending.answered();
+                match answer {
                     Err(_) => {
                         self.inner.forget();
                         return Err(LockError::unavailable(self.inner.issuer, "HMGET timed out"));
@@ -1027,6 +1046,24 @@ impl HolderLookup for RedisLock {
             }
         }
         .boxed()
+    }
+}
+
+/// See [`Inner::pending`].
+struct Pending<'a>(Option<&'a Inner>);
+
+impl Pending<'_> {
+    /// The request got an answer (or an error that was dealt with).
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0 {
+            inner.forget();
+        }
     }
 }
 

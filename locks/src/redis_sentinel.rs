@@ -336,8 +336,14 @@ impl RedisSentinelLock {
         };
         let mut pipe = redis::pipe();
         pipe.cmd("ROLE").add_command(holder_command(name));
+        // Abandoned by its caller before it is answered (the gateway waits
+        // at most 500 ms for an issuer), the lookup forgets the cached
+        // connection, which may have stopped answering: see
+        // `RedisLock`'s `Inner::pending`.
+        let pending = ForgetLookup(Some(&self.lookup));
         let answer: Result<(Vec<redis::Value>, HolderFields), String> =
             step(pipe.query_async(&mut conn)).await;
+        pending.answered();
         let (role, fields) = match answer {
             Ok(a) => a,
             Err(e) => {
@@ -406,6 +412,26 @@ impl HolderLookup for RedisSentinelLock {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
         Box::pin(self.holder_on_named_master(name))
+    }
+}
+
+/// See [`RedisSentinelLock::holder_on_named_master`].
+struct ForgetLookup<'a>(Option<&'a tokio::sync::Mutex<Option<(String, MultiplexedConnection)>>>);
+
+impl ForgetLookup<'_> {
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for ForgetLookup<'_> {
+    fn drop(&mut self) {
+        if let Some(lookup) = self.0 {
+            // Held by another lookup right now: that one decides.
+            if let Ok(mut cached) = lookup.try_lock() {
+                *cached = None;
+            }
+        }
     }
 }
 

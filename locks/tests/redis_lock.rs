@@ -264,6 +264,50 @@ async fn the_first_holder_lookup_after_a_restart_is_answered_not_refused() {
     drop(lease);
 }
 
+/// A holder lookup that its caller gives up on (the gateway waits 500 ms
+/// for an issuer, less than the lock's own response timeout) must not leave
+/// the connection it waited on in place: a server that stopped answering
+/// would then time out every later lookup, each abandoned in turn. Here the
+/// server is paused (SIGSTOP: its sockets stay open) while a lookup waits,
+/// and the caller drops it; once the server is back, the next lookup runs on
+/// a new connection (the server counts one more connection received).
+#[tokio::test]
+async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
+    let mut redis = Redis::start().await;
+    let svc = service(&redis).await;
+    let mut admin = raw(&redis).await;
+    let received = |info: String| -> i64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .expect("INFO stats names total_connections_received")
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(svc.current_holder("page").await, Ok(None));
+    redis.process().pause();
+    let abandoned =
+        tokio::time::timeout(Duration::from_millis(200), svc.current_holder("page")).await;
+    assert!(abandoned.is_err(), "the paused server answers nothing");
+    redis.process().resume();
+    let before: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(svc.current_holder("page").await, Ok(None));
+    let after: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        received(after) - received(before),
+        1,
+        "the next lookup opened a new connection"
+    );
+}
+
 #[tokio::test]
 async fn dropped_lease_is_released_in_the_background() {
     let redis = Redis::start().await;
