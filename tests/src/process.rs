@@ -164,10 +164,21 @@ impl ServiceProcess {
         }
         // Children that left the process group (PostgreSQL's backends call
         // setsid) would outlive a group kill for a moment and keep answering:
-        // kill them first, so the crash is one instant for every client.
+        // kill them first, so the crash is one instant for every client. The
+        // parent is stopped before they are listed, so that it forks none
+        // after the list; and they are waited for, so that a server started
+        // again at once finds none of them (PostgreSQL refused to start while
+        // a backend of the killed one still held its shared memory: CI saw
+        // "pre-existing shared memory block is still in use").
         if let Some(pid) = self.pid() {
-            for child in children_of(pid) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
+            let children = children_of(pid);
+            for &child in &children {
                 let _ = nix::sys::signal::kill(Pid::from_raw(child as i32), Signal::SIGKILL);
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while children.iter().any(|&c| alive(c)) && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
             }
         }
         self.signal(Signal::SIGKILL);
@@ -210,6 +221,23 @@ impl Drop for ServiceProcess {
 }
 
 /// Pids whose parent is `parent`, read from /proc.
+/// Whether process `pid` still runs (not gone, not a zombie: a zombie has
+/// let go of its memory, shared memory included).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
 fn children_of(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return vec![];
