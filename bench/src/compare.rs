@@ -547,19 +547,6 @@ async fn measure_backend(
             .notes
             .push(one_line(&format!("warm-up failed: {e:#}")));
     }
-    let non_fair = if services.has_variants() && !skip(Part::Speed) {
-        match services.lock_clients_variant(1, false).await {
-            Ok(c) => Some(c),
-            Err(e) => {
-                report.uncontended_non_fair = Some(Cell::NotMeasured(one_line(&format!(
-                    "lock service refused: {e:#}"
-                ))));
-                None
-            }
-        }
-    } else {
-        None
-    };
     for r in 0..s.repeat {
         let of = format!("{b} {}/{}", r + 1, s.repeat);
         if skip(Part::Speed) {
@@ -580,16 +567,16 @@ async fn measure_backend(
             for fair in [fair_first, !fair_first] {
                 if fair {
                     bar.set_message(format!("{of}: uncontended acquire+release"));
-                    report
-                        .uncontended
-                        .push(measure::ours(&clients[..1], &format!("cmp-u{r}"), s.secs).await);
+                    let lock = format!("cmp-u{r}");
+                    let figure = measure::uncontended(services, true, &lock, s.secs).await;
+                    report.uncontended.push(figure);
                     bar.inc(1);
                 } else {
-                    if let (Some(clients), Some(cell)) =
-                        (&non_fair, &mut report.uncontended_non_fair)
-                    {
+                    if let Some(cell) = &mut report.uncontended_non_fair {
                         bar.set_message(format!("{of}: uncontended acquire+release, non-fair"));
-                        cell.push(measure::ours(clients, &format!("cmp-un{r}"), s.secs).await);
+                        let lock = format!("cmp-un{r}");
+                        let figure = measure::uncontended(services, false, &lock, s.secs).await;
+                        cell.push(figure);
                     }
                     bar.inc(1);
                 }

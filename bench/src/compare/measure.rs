@@ -142,11 +142,6 @@ impl Services {
         Ok(out)
     }
 
-    /// Whether this service's lock comes fair and non-fair (all but Redlock).
-    pub fn has_variants(&self) -> bool {
-        !matches!(self, Services::Redlock(_))
-    }
-
     /// Whether a waiter's wait is itself a round trip to the service
     /// (MariaDB's bell); a notification or a message costs none.
     pub fn waits_are_round_trips(&self) -> bool {
@@ -376,6 +371,25 @@ pub async fn ours(
     run.ops = run.latencies.len() as u64;
     run.elapsed = start.elapsed();
     Ok(Figure::from(&run))
+}
+
+/// Uncontended acquire+release on a client of its own, connected for this
+/// measurement (fair or not) and warmed up: a new connection each repeat.
+/// With one client kept for every repeat, the repeats of one run moved
+/// together by up to a third (7,000 against 10,000/s on Redis, the same
+/// build), with where the runtime had placed that connection's driver task
+/// (`scripts/ab-uncontended` shows the spread, docs/BENCHMARKS.md "The
+/// uncontended bound"); a fresh client draws it afresh, and the median of
+/// the repeats is then a median over placements.
+pub async fn uncontended(
+    services: &Services,
+    fair: bool,
+    lock: &str,
+    secs: Duration,
+) -> anyhow::Result<Figure> {
+    let client = services.lock_clients_variant(1, fair).await?;
+    warm_up(&client[0]).await?;
+    ours(&client, lock, secs).await
 }
 
 /// `settings.workers` workers (the worker library's own edit loop, in this
