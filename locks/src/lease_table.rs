@@ -111,7 +111,12 @@
 //! `RELEASE_LOCK`s it. A refused waiter blocks in `GET_LOCK` on the bell (and
 //! releases it in the same statement), bounded by the holder's `expires_at`
 //! as the database says it and by the fallback poll: the release wakes it at
-//! once, with no polling while the lock is held. When no bell is held
+//! once, with no polling while the lock is held. A fair acquire whose
+//! previous acquire of the same lock (in this service) was handed the lock
+//! that way takes its place before any try: on a lock handed round from
+//! waiter to waiter, the try of a holder that asks again right after its
+//! release is refused anyway, and skipping it made three workers on one
+//! hot page 5–8 % faster (docs/BENCHMARKS.md, "Fifth pass"). When no bell is held
 //! (a holder whose connection died, or a grant that raced a waiter for the
 //! bell), the waiter sees the bell free twice for the same token and polls
 //! every 20 ms until that lease ends. The cost: every held lease pins one
@@ -1098,6 +1103,12 @@ struct Shared {
     /// [`Statements::mysql_acquire_fair_light`].
     #[cfg(feature = "lease-mysql")]
     light: AtomicBool,
+    /// MariaDB, fair: lock names whose last acquire here was handed the
+    /// lock by a release it waited for (its bell rang). Their next acquire
+    /// takes its place before any try (see `try_mysql`). At most
+    /// [`KNOWN_ROWS`].
+    #[cfg(feature = "lease-mysql")]
+    handed_round: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Shared {
@@ -1141,6 +1152,31 @@ impl Shared {
     #[cfg(feature = "lease-mysql")]
     fn forget_row(&self, name: &str) {
         self.known_rows.lock().expect("known rows").remove(name);
+    }
+
+    /// MariaDB: whether lock `name`'s last fair acquire here waited for a
+    /// release that rang its bell.
+    #[cfg(feature = "lease-mysql")]
+    fn is_handed_round(&self, name: &str) -> bool {
+        self.handed_round
+            .lock()
+            .expect("handed round")
+            .contains(name)
+    }
+
+    /// MariaDB: a fair acquire of `name` was granted, after a release rang
+    /// its bell (`rang`) or not.
+    #[cfg(feature = "lease-mysql")]
+    fn granted_after(&self, name: &str, rang: bool) {
+        let mut round = self.handed_round.lock().expect("handed round");
+        if !rang {
+            round.remove(name);
+        } else if !round.contains(name) {
+            if round.len() >= KNOWN_ROWS {
+                round.clear();
+            }
+            round.insert(name.to_string());
+        }
     }
 }
 
@@ -1342,6 +1378,8 @@ impl LeaseTable {
                 known_rows: Mutex::default(),
                 #[cfg(feature = "lease-mysql")]
                 light: AtomicBool::new(false),
+                #[cfg(feature = "lease-mysql")]
+                handed_round: Mutex::default(),
             }),
         }
     }
@@ -1709,54 +1747,75 @@ impl LeaseTable {
             && first
             && self.shared.light.load(Ordering::Relaxed)
             && !self.shared.is_contended(name);
-        let granted: Option<i64> = on_conn!(self, &mut st, pool, |conn| async {
-            let grant = |sql| self.mysql_grant(sql, holder, name, opts.ttl);
-            if light {
+        // A fair first try of a lock handed round (our last acquire of it
+        // here waited for a release that rang our bell, and a try was
+        // refused lately): skip it and take our place at once. On a lock
+        // handed from waiter to waiter, a holder that asks again right
+        // after its release is refused (the waiter it woke is taking the
+        // lock, or has), so that try was one statement in six of every edit
+        // for nothing. When the round has ended, the wait finds the lock
+        // free and nobody before us and returns at once, the next try takes
+        // it, and that grant (no bell rang) ends the skipping: the end of a
+        // round costs one acquire a place, a wait and the place's deletion.
+        // Safety never depends on it: only the grant statement grants.
+        let join_first = self.fair
+            && first
+            && queue
+            && known
+            && self.shared.is_contended(name)
+            && self.shared.is_handed_round(name);
+        let granted: Option<i64> = if join_first {
+            None
+        } else {
+            on_conn!(self, &mut st, pool, |conn| async {
+                let grant = |sql| self.mysql_grant(sql, holder, name, opts.ttl);
+                if light {
+                    self.sent(1);
+                    let updated = grant(&self.sql.mysql_acquire_fair_light)
+                        .execute(&mut *conn)
+                        .await?;
+                    if updated.rows_affected() == 1 {
+                        return Ok(Some(updated.last_insert_id() as i64));
+                    }
+                }
                 self.sent(1);
-                let updated = grant(&self.sql.mysql_acquire_fair_light)
-                    .execute(&mut *conn)
-                    .await?;
+                let q = match (self.fair, first) {
+                    (false, _) => &self.sql.mysql_acquire,
+                    (true, true) => &self.sql.mysql_acquire_fair_first,
+                    (true, false) => &self.sql.mysql_acquire_fair,
+                };
+                let mut q = grant(q);
+                if self.fair && !first {
+                    q = q.bind(name).bind(holder).bind(holder);
+                }
+                let updated = q.execute(&mut *conn).await?;
                 if updated.rows_affected() == 1 {
                     return Ok(Some(updated.last_insert_id() as i64));
                 }
-            }
-            self.sent(1);
-            let q = match (self.fair, first) {
-                (false, _) => &self.sql.mysql_acquire,
-                (true, true) => &self.sql.mysql_acquire_fair_first,
-                (true, false) => &self.sql.mysql_acquire_fair,
-            };
-            let mut q = grant(q);
-            if self.fair && !first {
-                q = q.bind(name).bind(holder).bind(holder);
-            }
-            let updated = q.execute(&mut *conn).await?;
-            if updated.rows_affected() == 1 {
-                return Ok(Some(updated.last_insert_id() as i64));
-            }
-            if known {
-                return Ok(None);
-            }
-            self.sent(1);
-            let created = sqlx::query(&self.sql.mysql_create)
-                .bind(name)
-                .bind(holder)
-                .bind(&*self.client_id)
-                .bind(micros(opts.ttl))
-                .execute(&mut *conn)
-                .await?;
-            if created.rows_affected() != 1 {
-                return Ok(None);
-            }
-            // The first grant of this name: take its bell now (the insert
-            // cannot take it only when it wins).
-            self.sent(1);
-            let _: Option<i64> = sqlx::query_scalar(&self.sql.mysql_ring)
-                .bind(name)
-                .fetch_one(&mut *conn)
-                .await?;
-            Ok(Some(1))
-        })?;
+                if known {
+                    return Ok(None);
+                }
+                self.sent(1);
+                let created = sqlx::query(&self.sql.mysql_create)
+                    .bind(name)
+                    .bind(holder)
+                    .bind(&*self.client_id)
+                    .bind(micros(opts.ttl))
+                    .execute(&mut *conn)
+                    .await?;
+                if created.rows_affected() != 1 {
+                    return Ok(None);
+                }
+                // The first grant of this name: take its bell now (the insert
+                // cannot take it only when it wins).
+                self.sent(1);
+                let _: Option<i64> = sqlx::query_scalar(&self.sql.mysql_ring)
+                    .bind(name)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                Ok(Some(1))
+            })?
+        };
         // The row exists now, whoever made it: the next refusals skip the
         // insert.
         self.shared.know_row(name);
@@ -1764,6 +1823,9 @@ impl LeaseTable {
             self.shared.contend(name);
         }
         if let Some(token) = granted {
+            if self.fair && queue {
+                self.shared.granted_after(name, st.rang);
+            }
             let token = self.token(token)?;
             // Served: our place (if we queued) is deleted in the background,
             // off the hand-over's path; until then it is skipped as the
@@ -2067,6 +2129,9 @@ struct MyWait {
     /// The holder's token when the name's bell was last found free while the
     /// lease was held: seen twice for the same token, that holder has no bell.
     free_bell_seen: Option<i64>,
+    /// A wait of this acquire ended because the bell it waited on was let
+    /// go by its holder (a release, or the waiter before us going on).
+    rang: bool,
 }
 
 #[cfg(feature = "lease-mysql")]
@@ -2346,7 +2411,10 @@ impl Waiter for BellWaiter<'_> {
             let token = token.min(i64::MAX as u64) as i64;
             match (bell_free, rang) {
                 // The bell was held and came to us: its holder let it go.
-                (Some(0), Some(1)) => return Ok(true),
+                (Some(0), Some(1)) => {
+                    st.rang = true;
+                    return Ok(true);
+                }
                 // The bell was free: the waiter before us went away, or the
                 // lock is free; try at once.
                 (Some(1), Some(1)) if pred.is_some() || held != Some(1) => return Ok(false),

@@ -536,18 +536,19 @@ async fn a_release_wakes_only_the_next_waiter((svc, db): (LeaseTable, Db)) {
     }
 }
 
-/// One hand-over from a holder to a fair waiter (each its own service), the
-/// second of two, so that the waiter's service knows the lock's row, listens
-/// already and (PostgreSQL) counts the lock as contended, as on a hot lock:
-/// the statements the waiter's acquire and release send.
-async fn statements_of_a_hand_over((svc, db): (LeaseTable, Db)) -> u64 {
-    let waiter = db
-        .service()
-        .await
-        .with_poll_fallback(Duration::from_secs(60));
+/// Hand-overs from a holder to a fair waiter (each its own service): the
+/// statements the waiter's acquire and release send, in each of the
+/// `rounds`. From the second on, the waiter's service knows the lock's row,
+/// listens already and counts the lock as contended, as on a hot lock.
+async fn statements_of_hand_overs(
+    svc: &LeaseTable,
+    db: &Db,
+    waiter: &LeaseTable,
+    rounds: usize,
+) -> Vec<u64> {
     let (ttl, wait) = (Duration::from_secs(30), Duration::from_secs(50));
-    let mut sent = 0;
-    for _ in 0..2 {
+    let mut sent = vec![];
+    for _ in 0..rounds {
         let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
         let (sent_before, tries_before) = (waiter.statements_sent(), waiter.wait_stats().tries);
         let task = tokio::spawn({
@@ -555,7 +556,7 @@ async fn statements_of_a_hand_over((svc, db): (LeaseTable, Db)) -> u64 {
             async move { waiter.acquire("page", ttl, wait).await }
         });
         db.wait_queued("page", 1).await;
-        wait_tries(&waiter, tries_before + 1).await;
+        wait_tries(waiter, tries_before + 1).await;
         db.wait_blocked(1).await;
         lease.release().await.unwrap();
         let granted = tokio::time::timeout(Duration::from_secs(10), task)
@@ -564,7 +565,7 @@ async fn statements_of_a_hand_over((svc, db): (LeaseTable, Db)) -> u64 {
             .unwrap()
             .unwrap();
         granted.release().await.unwrap();
-        sent = waiter.statements_sent() - sent_before;
+        sent.push(waiter.statements_sent() - sent_before);
     }
     let stats = waiter.wait_stats();
     assert_eq!(
@@ -579,7 +580,12 @@ async fn statements_of_a_hand_over((svc, db): (LeaseTable, Db)) -> u64 {
 /// notification itself is no statement of the waiter's.
 #[tokio::test]
 async fn postgres_a_fair_hand_over_costs_the_waiter_three_statements() {
-    assert_eq!(statements_of_a_hand_over(postgres_at().await).await, 3);
+    let (svc, db) = postgres_at().await;
+    let waiter = db
+        .service()
+        .await
+        .with_poll_fallback(Duration::from_secs(60));
+    assert_eq!(statements_of_hand_overs(&svc, &db, &waiter, 2).await[1], 3);
 }
 
 /// PostgreSQL: the release of a holder that waited hands the lock to the
@@ -853,12 +859,44 @@ async fn postgres_a_waiter_that_gives_up_during_its_hand_over_leaves_the_lock_fr
     }
 }
 
-/// MariaDB: the refused try, the place (with the waiter's bell), one wait
-/// (woken by the release), the grant, the deletion of the place (in the
-/// background, awaited by the release), the release.
+/// MariaDB: a new service's first hand-over: the light try and the fair
+/// one, both refused, the insert that would create the row, the place (with
+/// the waiter's bell), one wait (woken by the release), the grant, the
+/// deletion of the place (in the background, awaited by the release), the
+/// release: eight. The next times, the lock having been handed to this
+/// waiter by a release it waited for, its tries are skipped and it takes its
+/// place at once: five (six before the skip). Once the round ends (the lock is free when
+/// it asks, nobody ahead), the acquire that finds so pays the place, the
+/// wait that returns at once, the grant and the place's deletion, and the
+/// one after it is back to the grant and the release.
 #[tokio::test]
-async fn mysql_a_fair_hand_over_costs_the_waiter_six_statements() {
-    assert_eq!(statements_of_a_hand_over(mysql_at().await).await, 6);
+async fn mysql_a_waiter_handed_the_lock_round_takes_its_place_without_a_refused_try() {
+    let (svc, db) = mysql_at().await;
+    let waiter = db
+        .service()
+        .await
+        .with_poll_fallback(Duration::from_secs(60));
+    let sent = statements_of_hand_overs(&svc, &db, &waiter, 3).await;
+    assert_eq!(sent, [8, 5, 5], "the refused try skipped once handed round");
+
+    // The round ends: the lock is free when the waiter asks again.
+    let ttl = Duration::from_secs(30);
+    let mut after = vec![];
+    for _ in 0..2 {
+        let before = waiter.statements_sent();
+        let lease = waiter
+            .acquire("page", ttl, Duration::from_secs(5))
+            .await
+            .expect("free");
+        lease.release().await.unwrap();
+        after.push(waiter.statements_sent() - before);
+    }
+    assert_eq!(
+        after,
+        [5, 2],
+        "the end of the round costs one acquire a place, a wait and its deletion"
+    );
+    assert_eq!(db.queued("page").await, 0);
 }
 
 /// MariaDB: three fair waiters queued, and the middle one's process dies
