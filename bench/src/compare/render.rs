@@ -606,7 +606,9 @@ pub fn markdown(report: &Report) -> String {
         out,
         "One operation is an acquire followed by its release, through the worker's lock library \
          (`LockService::acquire_with`, `Lease::release`; TTL 10 s, no renewal). Uncontended: one \
-         client, one lock. Contended: {c} clients, each with its own connection (or session, or \
+         client, one lock, the client connected anew for each repeat (where the runtime places \
+         a connection moves this figure by up to a third; docs/BENCHMARKS.md, \"The uncontended \
+         bound\"). Contended: {c} clients, each with its own connection (or session, or \
          pool), on one lock; a waiter's latency includes its wait. The end-to-end column runs \
          {w} of the worker's own edit loops (`worker::run`, each with its own lock connection) on \
          one page through an in-process gateway with the fence enforced, trust on as in the demo \
