@@ -607,7 +607,10 @@ where
 /// the benchmarks, which use them to show what woke a waiter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WaitStats {
-    /// Grant attempts sent to the service (every acquire sends at least one).
+    /// Grant attempts sent to the service (every acquire sends at least
+    /// one). A fair MariaDB acquire that takes its place before trying (its
+    /// lock was handed round, see `lease_table`) counts that statement, the
+    /// place, as its first.
     pub tries: u64,
     /// Waits that a notification ended (a release woke the waiter).
     pub notified: u64,

@@ -115,8 +115,8 @@
 //! previous acquire of the same lock (in this service) was handed the lock
 //! that way takes its place before any try: on a lock handed round from
 //! waiter to waiter, the try of a holder that asks again right after its
-//! release is refused anyway, and skipping it made three workers on one
-//! hot page 5–8 % faster (docs/BENCHMARKS.md, "Fifth pass"). When no bell is held
+//! release is refused anyway, and skipping it gave three workers on one
+//! hot page about 4 % more edits (docs/BENCHMARKS.md, "Fifth pass"). When no bell is held
 //! (a holder whose connection died, or a grant that raced a waiter for the
 //! bell), the waiter sees the bell free twice for the same token and polls
 //! every 20 ms until that lease ends. The cost: every held lease pins one
@@ -1140,13 +1140,7 @@ impl Shared {
 
     #[cfg(feature = "lease-mysql")]
     fn know_row(&self, name: &str) {
-        let mut known = self.known_rows.lock().expect("known rows");
-        if !known.contains(name) {
-            if known.len() >= KNOWN_ROWS {
-                known.clear();
-            }
-            known.insert(name.to_string());
-        }
+        remember(&mut self.known_rows.lock().expect("known rows"), name);
     }
 
     #[cfg(feature = "lease-mysql")]
@@ -1169,14 +1163,23 @@ impl Shared {
     #[cfg(feature = "lease-mysql")]
     fn granted_after(&self, name: &str, rang: bool) {
         let mut round = self.handed_round.lock().expect("handed round");
-        if !rang {
+        if rang {
+            remember(&mut round, name);
+        } else {
             round.remove(name);
-        } else if !round.contains(name) {
-            if round.len() >= KNOWN_ROWS {
-                round.clear();
-            }
-            round.insert(name.to_string());
         }
+    }
+}
+
+/// Add `name` to a set of lock names kept to at most [`KNOWN_ROWS`]
+/// (emptied when full: forgetting costs a statement, never safety).
+#[cfg(feature = "lease-mysql")]
+fn remember(names: &mut std::collections::HashSet<String>, name: &str) {
+    if !names.contains(name) {
+        if names.len() >= KNOWN_ROWS {
+            names.clear();
+        }
+        names.insert(name.to_string());
     }
 }
 

@@ -940,15 +940,15 @@ impl Inner {
     }
 
     /// A guard for one request on the kept connection: dropped before
-    /// [`Pending::answered`], it forgets the connection. A caller that gives
+    /// [`answered`], it forgets the connection. A caller that gives
     /// up on a request before our own response timeout (the gateway asks an
     /// issuer for at most 500 ms, and drops the lookup then) would otherwise
     /// leave a connection that stopped answering in place for every later
     /// request, each of them abandoned in turn before anything notices:
     /// after a `docker compose restart redis`, the gateway answered
     /// `issuer_unavailable` to every check until it was restarted.
-    fn pending(&self) -> Pending<'_> {
-        Pending(Some(self))
+    fn pending(&self) -> Unanswered<impl FnOnce(()) + '_> {
+        unanswered(|| self.forget())
     }
 
     /// Run one script within `limit` (at least 100 ms): a reply later than the
@@ -963,7 +963,7 @@ impl Inner {
         let limit = limit.max(Duration::from_millis(100));
         let pending = self.pending();
         let answer = tokio::time::timeout(limit, inv.invoke_async(&mut conn)).await;
-        pending.answered();
+        answered(pending);
         match answer {
             Err(_) => {
                 // A server that stopped answering (frozen, partitioned) keeps
@@ -1022,7 +1022,7 @@ impl HolderLookup for RedisLock {
                 let pending = self.inner.pending();
                 let answer =
                     tokio::time::timeout(RESPONSE_TIMEOUT, get.query_async(&mut conn)).await;
-                pending.answered();
+                answered(pending);
                 match answer {
                     Err(_) => {
                         self.inner.forget();
@@ -1049,22 +1049,18 @@ impl HolderLookup for RedisLock {
     }
 }
 
-/// See [`Inner::pending`].
-struct Pending<'a>(Option<&'a Inner>);
+/// A request in flight: dropped before [`answered`] (its caller gave up on
+/// it), it runs `on_abandon`. See [`Inner::pending`].
+pub(crate) type Unanswered<F> = scopeguard::ScopeGuard<(), F>;
 
-impl Pending<'_> {
-    /// The request got an answer (or an error that was dealt with).
-    fn answered(mut self) {
-        self.0 = None;
-    }
+/// See [`Unanswered`].
+pub(crate) fn unanswered(on_abandon: impl FnOnce()) -> Unanswered<impl FnOnce(())> {
+    scopeguard::guard((), move |()| on_abandon())
 }
 
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if let Some(inner) = self.0 {
-            inner.forget();
-        }
-    }
+/// The request got an answer (or an error that was dealt with): defuse.
+pub(crate) fn answered<F: FnOnce(())>(pending: Unanswered<F>) {
+    scopeguard::ScopeGuard::into_inner(pending);
 }
 
 /// `HMGET lock:{N} token owner`: the holder lookup's one read.

@@ -70,7 +70,9 @@ use redis::{AsyncConnectionConfig, Client};
 
 use std::sync::Arc;
 
-use crate::redis::{holder_command, holder_from_fields, HolderFields, RedisLock, Source};
+use crate::redis::{
+    answered, holder_command, holder_from_fields, unanswered, HolderFields, RedisLock, Source,
+};
 use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService};
 
 /// The issuer name sent with every token of this backend. Distinct from
@@ -340,10 +342,15 @@ impl RedisSentinelLock {
         // at most 500 ms for an issuer), the lookup forgets the cached
         // connection, which may have stopped answering: see
         // `RedisLock`'s `Inner::pending`.
-        let pending = ForgetLookup(Some(&self.lookup));
+        let pending = unanswered(|| {
+            // Held by another lookup right now: that one decides.
+            if let Ok(mut cached) = self.lookup.try_lock() {
+                *cached = None;
+            }
+        });
         let answer: Result<(Vec<redis::Value>, HolderFields), String> =
             step(pipe.query_async(&mut conn)).await;
-        pending.answered();
+        answered(pending);
         let (role, fields) = match answer {
             Ok(a) => a,
             Err(e) => {
@@ -412,26 +419,6 @@ impl HolderLookup for RedisSentinelLock {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
         Box::pin(self.holder_on_named_master(name))
-    }
-}
-
-/// See [`RedisSentinelLock::holder_on_named_master`].
-struct ForgetLookup<'a>(Option<&'a tokio::sync::Mutex<Option<(String, MultiplexedConnection)>>>);
-
-impl ForgetLookup<'_> {
-    fn answered(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for ForgetLookup<'_> {
-    fn drop(&mut self) {
-        if let Some(lookup) = self.0 {
-            // Held by another lookup right now: that one decides.
-            if let Ok(mut cached) = lookup.try_lock() {
-                *cached = None;
-            }
-        }
     }
 }
 

@@ -173,3 +173,49 @@ async fn no_sentinel_answering_is_unavailable_at_once_and_a_bad_list_is_invalid(
         .unwrap_err();
     assert!(matches!(err, LockError::InvalidConfig(_)), "{err:?}");
 }
+
+/// The gateway gives an issuer at most 500 ms and then drops the lookup. A
+/// lookup dropped before its answer (the master frozen under it, for less
+/// than the sentinels' 1 s down-after, so no failover) forgets its cached
+/// connection: the next lookup connects to the master anew instead of
+/// asking again on the connection that stopped answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
+    let mut group = SentinelGroup::start().await;
+    let storage = client(&group, "storage").await;
+    let mut admin = redis::Client::open(group.node_url(0))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let received = |info: String| -> i64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .expect("INFO stats names total_connections_received")
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(storage.current_holder("page").await, Ok(None));
+    group.freeze(0);
+    let abandoned =
+        tokio::time::timeout(Duration::from_millis(200), storage.current_holder("page")).await;
+    group.thaw(0);
+    assert!(abandoned.is_err(), "the frozen master answers nothing");
+    let before: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(storage.current_holder("page").await, Ok(None));
+    let after: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        received(after) - received(before),
+        1,
+        "the next lookup opened a new connection to the master"
+    );
+}

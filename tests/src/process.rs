@@ -177,8 +177,11 @@ impl ServiceProcess {
                 let _ = nix::sys::signal::kill(Pid::from_raw(child as i32), Signal::SIGKILL);
             }
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            // Polled: /proc offers no event for the exit of a process that
+            // is not ours to wait for. A millisecond apart, not a spin, so
+            // the polling leaves the kernel's teardown its CPU.
             while children.iter().any(|&c| alive(c)) && std::time::Instant::now() < deadline {
-                std::thread::yield_now();
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
         self.signal(Signal::SIGKILL);
@@ -220,38 +223,32 @@ impl Drop for ServiceProcess {
     }
 }
 
-/// Pids whose parent is `parent`, read from /proc.
+/// The fields of `/proc/<pid>/stat` after the command name (field 2, which
+/// may hold spaces and ends at the last ')'): the state first, then the
+/// parent's pid. `None` when the process is gone.
+fn stat_after_name(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
 /// Whether process `pid` still runs (not gone, not a zombie: a zombie has
 /// let go of its memory, shared memory included).
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .next()?
-                .to_string();
-            Some(state != "Z" && state != "X")
-        })
+    stat_after_name(pid)
+        .and_then(|fields| fields.first().map(|state| state != "Z" && state != "X"))
         .unwrap_or(false)
 }
 
+/// Pids whose parent is `parent`, read from /proc.
 fn children_of(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return vec![];
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                // The command name (field 2) may hold spaces; fields after its ')' are plain.
-                .and_then(|stat| {
-                    let rest = stat.rsplit_once(')')?.1.to_string();
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
+        .filter(|&pid| {
+            stat_after_name(pid).and_then(|fields| fields.get(1)?.parse::<u32>().ok())
                 == Some(parent)
         })
         .collect()
