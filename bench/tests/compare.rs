@@ -51,14 +51,21 @@ fn quick_compare_measures_redis_and_marks_skipped_parts_not_measured() {
             .find(|l| l.starts_with(&format!("| Redis | {variant} | ")))
             .unwrap_or_else(|| panic!("no hot-page row for {variant} in:\n{md}"));
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-        // | Redis | variant | 1 worker | 3 workers | ratio | shares | smallest | p50 | p99 | extra | targets |
-        for i in [3, 4, 8] {
+        // | Redis | variant | 1 worker | 3 workers | ratio | ceiling | shares | smallest | p50 |
+        //   p99 | extra | targets |
+        for i in [3, 4, 9] {
             let v: f64 = cells[i]
                 .parse()
                 .unwrap_or_else(|_| panic!("cell {i} is not a number in {row}"));
             assert!(v > 0.0, "{row}");
         }
-        assert_eq!(cells[6].split(" / ").count(), 3, "three shares in {row}");
+        // The ceiling (three taking turns in-process) was measured.
+        let ceiling: f64 = cells[6]
+            .trim_end_matches('×')
+            .parse()
+            .unwrap_or_else(|_| panic!("the ceiling is not a ratio in {row}"));
+        assert!(ceiling > 0.0, "{row}");
+        assert_eq!(cells[7].split(" / ").count(), 3, "three shares in {row}");
     }
     assert!(
         md.contains("not measured: skipped with --skip limits"),

@@ -608,7 +608,9 @@ where
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WaitStats {
     /// Grant attempts sent to the service (every acquire sends at least
-    /// one). A fair MariaDB acquire that takes its place before trying (its
+    /// one). The grant of a fair PostgreSQL waiter that a release handed the
+    /// lock to, which it learns from the notification, sends nothing and is
+    /// not counted. A fair MariaDB acquire that takes its place before trying (its
     /// lock was handed round, see `lease_table`) counts that statement, the
     /// place, as its first.
     pub tries: u64,

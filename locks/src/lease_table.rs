@@ -103,6 +103,13 @@
 //! waiters; a refused waiter starts it before its second try, so a release
 //! between its first try and its wait is not missed. When that connection is
 //! lost every waiter is woken (a notification may have been lost with it).
+//! What a listener costs: PostgreSQL (15, the one measured) signals every
+//! connection that `LISTEN`s in the database at each commit that notifies,
+//! whatever the channel, so each process with a waiter makes every release
+//! of the database wake one more server process. Two idle listeners cost one
+//! worker alone on the hot page 8 % of its edits and 60 µs per release
+//! (docs/BENCHMARKS.md, "Sixth pass"). Hence the listener closes soon after
+//! its process's last waiter, and stays open while waiters keep coming.
 //!
 //! MariaDB has no `LISTEN`. The holder's grant statement takes a user-level
 //! lock, the *bell* (`GET_LOCK('fencelock:<md5 of database/table/name>')`,
@@ -233,7 +240,8 @@ const KNOWN_ROWS: usize = 4096;
 #[cfg(feature = "lease-postgres")]
 const LISTEN_RETRY: Duration = Duration::from_secs(1);
 /// The `LISTEN` connection is closed once three checks this far apart (0.2–0.3 s)
-/// found no waiter in this process: while it is open, every release of the
+/// found no waiter in this process, and no waiter came and went between
+/// them: while it is open, every release of the
 /// table, waited for or not, is delivered to it and costs both the server
 /// and this process a wake-up (it made uncontended acquire+release 2–3×
 /// slower after one contended moment, and still 15 % slower for the 0.5–0.75 s
@@ -1598,7 +1606,7 @@ impl LeaseTable {
         // statement (see `Statements::pg_release`).
         let handed = state.handed.swap(0, Ordering::SeqCst);
         if handed > 0 {
-            return Ok(Try::Granted(
+            return Ok(Try::Handed(
                 self.handed_lease(name, opts, holder, handed, state)?,
             ));
         }
@@ -2289,10 +2297,20 @@ impl Listen {
             let mut idle = tokio::time::interval(LISTEN_IDLE);
             idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut quiet_ticks = 0;
+            let mut seen = wakers.registrations();
             loop {
                 tokio::select! {
                     _ = idle.tick() => {
-                        quiet_ticks = if wakers.is_empty() { quiet_ticks + 1 } else { 0 };
+                        // Quiet: nobody waits now AND nobody registered
+                        // since the last tick. Looking only at the moment
+                        // of the tick closed the listener about once a
+                        // second on a hot lock, whose waiters come and go
+                        // every millisecond: each time a tick fell while
+                        // this process held the lock (issue 13).
+                        let registrations = wakers.registrations();
+                        let quiet = wakers.is_empty() && registrations == seen;
+                        seen = registrations;
+                        quiet_ticks = if quiet { quiet_ticks + 1 } else { 0 };
                         if quiet_ticks < 3 {
                             continue;
                         }

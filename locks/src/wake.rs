@@ -96,7 +96,7 @@ impl Wakers {
         behind: Option<Arc<AtomicBool>>,
         handed: Option<Arc<AtomicI64>>,
     ) -> Registration {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = watch::channel(0u64);
         let behind = behind.map(|flag| Behind {
             flag,
@@ -139,6 +139,13 @@ impl Wakers {
     #[cfg_attr(not(feature = "lease-postgres"), allow(dead_code))]
     pub(crate) fn is_empty(&self) -> bool {
         self.routes.lock().expect("wakers mutex").is_empty()
+    }
+
+    /// How many waiters have registered so far (under any key): a count that
+    /// has not moved between two looks means nobody came in between.
+    #[cfg_attr(not(feature = "lease-postgres"), allow(dead_code))]
+    pub(crate) fn registrations(&self) -> u64 {
+        self.next_id.load(Ordering::SeqCst)
     }
 
     /// A notification for `key`: wake its waiters that `target` concerns.
@@ -277,11 +284,32 @@ impl WaitCounters {
     fn count(counter: &std::sync::atomic::AtomicU64) {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
+
+    /// Count a try's answer as a try unless nothing was sent for it (a
+    /// hand-over); the lease, or how long to wait after the refusal.
+    fn sent(&self, answer: Try) -> Result<Lease, Duration> {
+        match answer {
+            Try::Handed(lease) => Ok(lease),
+            Try::Granted(lease) => {
+                Self::count(&self.tries);
+                Ok(lease)
+            }
+            Try::Refused(bound) => {
+                Self::count(&self.tries);
+                Err(bound)
+            }
+        }
+    }
 }
 
 /// What one grant attempt of a notified lock answered.
 pub(crate) enum Try {
     Granted(Lease),
+    /// Granted by a release that handed the lock to this waiter and said so
+    /// in its notification (the fair PostgreSQL lock): nothing was sent, so
+    /// it is not counted as a try.
+    #[cfg_attr(not(feature = "lease-postgres"), allow(dead_code))]
+    Handed(Lease),
     /// Refused. The service said how long at most to wait before trying
     /// again if no notification comes (the holder's remaining lease, or the
     /// place of the waiter ahead; the backend caps it at its fallback poll).
@@ -357,10 +385,9 @@ where
         name: name.to_string(),
         waited: now - start,
     };
-    WaitCounters::count(&counters.tries);
-    let mut bound = match attempt().await? {
-        Try::Granted(lease) => return Ok(lease),
-        Try::Refused(bound) => bound,
+    let mut bound = match counters.sent(attempt().await?) {
+        Ok(lease) => return Ok(lease),
+        Err(bound) => bound,
     };
     if Instant::now() >= deadline {
         return Err(timeout(Instant::now()));
@@ -370,10 +397,9 @@ where
     loop {
         if try_now {
             waiter.arm();
-            WaitCounters::count(&counters.tries);
-            match attempt().await? {
-                Try::Granted(lease) => return Ok(lease),
-                Try::Refused(b) => bound = b,
+            match counters.sent(attempt().await?) {
+                Ok(lease) => return Ok(lease),
+                Err(b) => bound = b,
             }
         }
         try_now = true;

@@ -12,6 +12,13 @@
 //! as separate processes would; the gateway checks every token with the
 //! issuer (trust on, as in the demo). The page keeps its last 20 lines, so
 //! that its growing body does not slow later edits down.
+//!
+//! Beside them, the ceiling: the same three workers taking turns on an
+//! in-process FIFO mutex (tokio's), each acquiring the lock only once its
+//! turn came, so that the lock service never sees contention. That is what
+//! three workers on this machine make of one page when handing over costs
+//! nothing but a task wake-up; three together fall short of one alone by at
+//! least that much, whatever the lock.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +43,9 @@ pub struct Hot {
     pub alone: f64,
     /// Acknowledged edits per second, three workers together.
     pub together: f64,
+    /// Acknowledged edits per second, three workers taking turns on an
+    /// in-process mutex (the ceiling, see the module's doc).
+    pub turns: f64,
     /// Each worker's share of the acknowledged edits, together.
     pub shares: Vec<f64>,
     /// From a holder sending its release to the next holder's acquire
@@ -59,6 +69,15 @@ impl Hot {
     pub fn ratio(&self) -> f64 {
         if self.alone > 0.0 {
             self.together / self.alone
+        } else {
+            0.0
+        }
+    }
+
+    /// The ceiling: three taking turns ÷ one alone.
+    pub fn turns_ratio(&self) -> f64 {
+        if self.alone > 0.0 {
+            self.turns / self.alone
         } else {
             0.0
         }
@@ -93,6 +112,7 @@ pub fn medians(runs: &[Hot]) -> Option<Hot> {
     Some(Hot {
         alone: med(|h| h.alone),
         together: med(|h| h.together),
+        turns: med(|h| h.turns),
         shares: by_share[by_share.len() / 2].shares.clone(),
         handover_p50: med_d(|h| h.handover_p50),
         handover_p99: med_d(|h| h.handover_p99),
@@ -123,7 +143,8 @@ struct WorkerRun {
 }
 
 /// Measure one variant: one worker alone on page `<page>-1`, then three
-/// together on `<page>-3`, `secs` each.
+/// together on `<page>-3`, then three taking turns on `<page>-turns`, `secs`
+/// each.
 pub async fn measure(
     services: &Services,
     page: &str,
@@ -149,18 +170,21 @@ pub async fn measure(
         clients.push((client, gateway));
     }
     let result = async {
-        let alone = run(&clients[..1], &format!("{page}-1"), secs).await?;
+        let alone = run(&clients[..1], &format!("{page}-1"), secs, None).await?;
         let before: Vec<Option<WaitStats>> = clients
             .iter()
             .map(|(c, _)| c.stats.as_ref().map(|s| s()))
             .collect();
         let start = Instant::now();
-        let together = run(&clients, &format!("{page}-3"), secs).await?;
+        let together = run(&clients, &format!("{page}-3"), secs, None).await?;
         let elapsed = start.elapsed().as_secs_f64();
         let after: Vec<Option<WaitStats>> = clients
             .iter()
             .map(|(c, _)| c.stats.as_ref().map(|s| s()))
             .collect();
+        let turn = Arc::new(tokio::sync::Mutex::new(()));
+        let turns = run(&clients, &format!("{page}-turns"), secs, Some(turn)).await?;
+        let turns_acked: u64 = turns.0.iter().map(|w| w.acknowledged).sum();
         let alone_acked: u64 = alone.0.iter().map(|w| w.acknowledged).sum();
         let acked: Vec<u64> = together.0.iter().map(|w| w.acknowledged).collect();
         let total: u64 = acked.iter().sum();
@@ -197,12 +221,21 @@ pub async fn measure(
         Ok(Hot {
             alone: alone_acked as f64 / alone.1.as_secs_f64(),
             together: total as f64 / together.1.as_secs_f64(),
+            turns: turns_acked as f64 / turns.1.as_secs_f64(),
             shares: acked.iter().map(|&a| a as f64 / total as f64).collect(),
             handover_p50: quantile(&handovers, 0.5),
             handover_p99: quantile(&handovers, 0.99),
             extra_round_trips,
-            rejected: alone.0.iter().chain(&together.0).map(|w| w.rejected).sum(),
-            failed: alone.0.iter().chain(&together.0).map(|w| w.failed).sum(),
+            rejected: [&alone.0, &together.0, &turns.0]
+                .into_iter()
+                .flatten()
+                .map(|w| w.rejected)
+                .sum(),
+            failed: [&alone.0, &together.0, &turns.0]
+                .into_iter()
+                .flatten()
+                .map(|w| w.failed)
+                .sum(),
         })
     }
     .await;
@@ -211,11 +244,13 @@ pub async fn measure(
 }
 
 /// The given workers edit `page` together for `secs`; each worker's run and
-/// how long they took.
+/// how long they took. With `turn`, each edit waits for its turn on that
+/// mutex first (FIFO) and keeps it until its lease is released.
 async fn run(
     clients: &[(HotClient, GatewayClient)],
     page: &str,
     secs: Duration,
+    turn: Option<Arc<tokio::sync::Mutex<()>>>,
 ) -> anyhow::Result<(Vec<WorkerRun>, Duration)> {
     let start = Instant::now();
     let until = start + secs;
@@ -223,7 +258,8 @@ async fn run(
         let locks = client.locks.clone();
         let gateway = gateway.clone();
         let page = page.to_string();
-        tokio::spawn(async move { edits(&*locks, &gateway, &page, i, until).await })
+        let turn = turn.clone();
+        tokio::spawn(async move { edits(&*locks, &gateway, &page, i, until, turn).await })
     });
     let mut runs = vec![];
     for t in futures::future::join_all(tasks).await {
@@ -239,6 +275,7 @@ async fn edits(
     page: &str,
     worker: usize,
     until: Instant,
+    turn: Option<Arc<tokio::sync::Mutex<()>>>,
 ) -> anyhow::Result<WorkerRun> {
     let lock = format!("page:{page}");
     let mut run = WorkerRun {
@@ -248,6 +285,10 @@ async fn edits(
         failed: 0,
     };
     while Instant::now() < until {
+        let my_turn = match &turn {
+            Some(t) => Some(t.lock().await),
+            None => None,
+        };
         let lease = locks
             .acquire(&lock, Duration::from_secs(2), Duration::from_secs(10))
             .await
@@ -278,6 +319,7 @@ async fn edits(
             Err(e) if e.is_transient() => run.failed += 1,
             Err(e) => return Err(anyhow::anyhow!("worker {worker}: {e}")),
         }
+        drop(my_turn);
         run.edits.push(Edit {
             granted,
             release_sent,
