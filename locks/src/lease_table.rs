@@ -103,9 +103,10 @@
 //! waiters; a refused waiter starts it before its second try, so a release
 //! between its first try and its wait is not missed. When that connection is
 //! lost every waiter is woken (a notification may have been lost with it).
-//! What a listener costs: PostgreSQL (15, the one measured) signals every
-//! connection that `LISTEN`s in the database at each commit that notifies,
-//! whatever the channel, so each process with a waiter makes every release
+//! What a listener costs: PostgreSQL before 19 (15 measured here) signals
+//! every connection that `LISTEN`s in the database at each commit that
+//! notifies, whatever the channel (its `async.c` keeps no table of who
+//! listens to what until the model "as of v19"), so each process with a waiter makes every release
 //! of the database wake one more server process. Two idle listeners cost one
 //! worker alone on the hot page 8 % of its edits and 60 µs per release
 //! (docs/BENCHMARKS.md, "Sixth pass"). Hence the listener closes soon after
