@@ -17,8 +17,8 @@
 //! in-process FIFO mutex (tokio's), each acquiring the lock only once its
 //! turn came, so that the lock service never sees contention. That is what
 //! three workers on this machine make of one page when handing over costs
-//! nothing but a task wake-up; three together fall short of one alone by at
-//! least that much, whatever the lock.
+//! nothing but a task wake-up; the contended lock's own cost is the distance
+//! from it (noise on this machine can put a run on either side).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,17 +67,18 @@ pub struct Hot {
 impl Hot {
     /// Three together ÷ one alone.
     pub fn ratio(&self) -> f64 {
-        if self.alone > 0.0 {
-            self.together / self.alone
-        } else {
-            0.0
-        }
+        self.of_alone(self.together)
     }
 
     /// The ceiling: three taking turns ÷ one alone.
     pub fn turns_ratio(&self) -> f64 {
+        self.of_alone(self.turns)
+    }
+
+    /// `rate` ÷ one worker alone (0 when nothing was measured alone).
+    fn of_alone(&self, rate: f64) -> f64 {
         if self.alone > 0.0 {
-            self.turns / self.alone
+            rate / self.alone
         } else {
             0.0
         }
