@@ -124,7 +124,11 @@
 //! that way takes its place before any try: on a lock handed round from
 //! waiter to waiter, the try of a holder that asks again right after its
 //! release is refused anyway, and skipping it gave three workers on one
-//! hot page about 4 % more edits (docs/BENCHMARKS.md, "Fifth pass"). When no bell is held
+//! hot page about 4 % more edits (docs/BENCHMARKS.md, "Fifth pass"). A
+//! waiter whose bell rang and whose wait found nobody else before it (no
+//! live place before ours but the one whose bell we waited on) takes the
+//! lock with the plain grant, without the fair grant's look at the queue:
+//! that subquery cost every hand-over about 100 µs ("Seventh pass"). When no bell is held
 //! (a holder whose connection died, or a grant that raced a waiter for the
 //! bell), the waiter sees the bell free twice for the same token and polls
 //! every 20 ms until that lease ends. The cost: every held lease pins one
@@ -839,6 +843,15 @@ select -- First in line, refused after its last wait: let the name's bell go.
          if(p.waiter is null,
             l.expires_at + interval if(l.released, 0, ?) microsecond,
             p.expires_at)) / 1000000))) as rang,
+       -- Whether we are first in line once the bell rings: we have a place,
+       -- and nobody is before us but the waiter whose bell we wait on (if
+       -- any). (Looked at as the statement begins, as the bell's lookup is:
+       -- MariaDB evaluates both before the wait. A place taken later has a
+       -- higher ticket, so only a lapsed place renewed meanwhile can be
+       -- missed, and a lapsed place is skipped anyway.)
+       me.ticket is not null and (p.waiter is null or not exists (
+         select 1 from {t}_waiters w2
+          where w2.name = l.name and w2.ticket < p.ticket and {live2})) as first_now,
        -- Keep the name's bell when first in line; let a waiter's go.
        if(p.waiter is null and me.waiter is not null, 0, release_lock({b})) as let_go
   from {t} l
@@ -849,6 +862,7 @@ select -- First in line, refused after its last wait: let the name's bell go.
  where l.name = ?",
                     n = bell(t, "l.name"),
                     live = live_place("w"),
+                    live2 = live_place("w2"),
                 )
             },
             mysql_leave: format!(
@@ -1776,6 +1790,11 @@ impl LeaseTable {
             && known
             && self.shared.is_contended(name)
             && self.shared.is_handed_round(name);
+        // Rung and first in line: nobody to skip, so the plain grant (the
+        // queue's subquery cost a woken waiter's grant about 100 µs of its
+        // hand-over; docs/BENCHMARKS.md, "Seventh pass"). Safety never
+        // depends on it either: the grant is one statement on the lease row.
+        let plain = std::mem::take(&mut st.first_in_line);
         let granted: Option<i64> = if join_first {
             None
         } else {
@@ -1793,11 +1812,12 @@ impl LeaseTable {
                 self.sent(1);
                 let q = match (self.fair, first) {
                     (false, _) => &self.sql.mysql_acquire,
+                    (true, false) if plain => &self.sql.mysql_acquire,
                     (true, true) => &self.sql.mysql_acquire_fair_first,
                     (true, false) => &self.sql.mysql_acquire_fair,
                 };
                 let mut q = grant(q);
-                if self.fair && !first {
+                if self.fair && !first && !plain {
                     q = q.bind(name).bind(holder).bind(holder);
                 }
                 let updated = q.execute(&mut *conn).await?;
@@ -2144,6 +2164,10 @@ struct MyWait {
     /// A wait of this acquire ended because the bell it waited on was let
     /// go by its holder (a release, or the waiter before us going on).
     rang: bool,
+    /// The last wait rang and, looking after its bell (see
+    /// `Statements::mysql_wait`), found no live place before ours: the next
+    /// try is the plain grant, without the queue's subquery (taken by it).
+    first_in_line: bool,
 }
 
 #[cfg(feature = "lease-mysql")]
@@ -2153,6 +2177,7 @@ impl MyWait {
     fn lost(&mut self) {
         self.conn = Bell::default();
         self.joined = None;
+        self.first_in_line = false;
     }
 }
 
@@ -2406,6 +2431,7 @@ impl Waiter for BellWaiter<'_> {
                 Option<i64>,
                 Option<i64>,
                 Option<i64>,
+                Option<i64>,
             );
             let waited = on_conn_once!(t, &mut st, &self.pool, |conn| async {
                 t.sent(1);
@@ -2426,7 +2452,7 @@ impl Waiter for BellWaiter<'_> {
             };
             // No row: the lock was never granted (or its row was deleted);
             // try again, creating it.
-            let Some((_, token, held, pred, bell_free, rang, _)) = row else {
+            let Some((_, token, held, pred, bell_free, rang, first_now, _)) = row else {
                 t.shared.forget_row(&self.name);
                 return Ok(false);
             };
@@ -2435,6 +2461,7 @@ impl Waiter for BellWaiter<'_> {
                 // The bell was held and came to us: its holder let it go.
                 (Some(0), Some(1)) => {
                     st.rang = true;
+                    st.first_in_line = t.fair && first_now == Some(1);
                     return Ok(true);
                 }
                 // The bell was free: the waiter before us went away, or the

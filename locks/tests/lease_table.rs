@@ -989,6 +989,100 @@ async fn mysql_a_dead_waiter_in_the_middle_of_the_chain_does_not_stall_the_ones_
     );
 }
 
+/// MariaDB: a waiter woken by its predecessor's bell takes the lock with
+/// the plain grant only when nobody else is before it. Three fair waiters
+/// queue; the holder releases while the first one's process is stalled
+/// (its wait has ended in the server, its future is not polled), so the
+/// lock is free and the first place still live. The middle waiter dies:
+/// the last one, woken by the dead one's bell, must not take the free lock
+/// ahead of the first; it waits on the first one's bell instead, and is
+/// granted after the first one's turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_waiter_woken_by_a_dead_predecessor_does_not_pass_a_live_first_place() {
+    let (svc, db) = mysql_at().await;
+    let Db::MySql(admin, _) = &db else {
+        unreachable!()
+    };
+    let (ttl, wait) = (Duration::from_secs(30), Duration::from_secs(50));
+    let fallback = Duration::from_secs(60);
+    let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
+    let first = db.service().await.with_poll_fallback(fallback);
+    let mut first_acquire = Box::pin(first.acquire("page", ttl, wait));
+    tokio::select! {
+        r = &mut first_acquire => panic!("the first waiter was granted: {r:?}"),
+        () = async { db.wait_queued("page", 1).await; db.wait_blocked(1).await } => {}
+    }
+    let dying = db.service().await.with_poll_fallback(fallback);
+    let mut dying_acquire = Box::pin(dying.acquire("page", ttl, wait));
+    tokio::select! {
+        r = &mut dying_acquire => panic!("the middle waiter was granted: {r:?}"),
+        () = async { db.wait_queued("page", 2).await; db.wait_blocked(2).await } => {}
+    }
+    let last = db.service().await.with_poll_fallback(fallback);
+    let mut last_task = tokio::spawn({
+        let last = last.clone();
+        async move { last.acquire("page", ttl, wait).await }
+    });
+    db.wait_queued("page", 3).await;
+    db.wait_blocked(3).await;
+
+    // The holder releases: the first waiter's wait ends in the server (it
+    // holds the name's bell now), but its process does not go on.
+    lease.release().await.unwrap();
+    db.wait_blocked(2).await; // the middle and the last waiter
+    let last_before = last.wait_stats();
+
+    // The middle waiter's process dies; the server closes its connection.
+    let connection: i64 = sqlx::query_scalar(
+        "select cast(is_used_lock(concat('fencelock:w:', waiter)) as signed) \
+           from fencelock_leases_waiters \
+          where name = 'page' order by ticket limit 1 offset 1",
+    )
+    .fetch_one(admin)
+    .await
+    .unwrap();
+    sqlx::query(&format!("kill connection {connection}"))
+        .execute(admin)
+        .await
+        .unwrap();
+    std::mem::forget(dying_acquire);
+    // The last waiter is woken, tries (refused: the first place is live),
+    // and blocks again, on the first waiter's bell.
+    harness::wait_until(Duration::from_secs(10), || async {
+        match last.wait_stats() {
+            s if s.notified > last_before.notified && s.tries > last_before.tries => Ok(()),
+            s => Err(format!("the last waiter not woken and tried yet: {s:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    tokio::select! {
+        r = &mut last_task => panic!("the last waiter passed the first: {r:?}"),
+        () = db.wait_blocked(1) => {}
+    }
+    assert!(
+        fencelock::HolderLookup::current_holder(&svc, "page")
+            .await
+            .unwrap()
+            .is_none(),
+        "the lock was granted while the first waiter was stalled"
+    );
+
+    // The first waiter goes on: granted; then the last one, after it.
+    let granted = tokio::time::timeout(Duration::from_secs(10), &mut first_acquire)
+        .await
+        .expect("the first waiter is granted once it goes on")
+        .unwrap();
+    assert!(!last_task.is_finished(), "the last waiter passed the first");
+    granted.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), &mut last_task)
+        .await
+        .expect("the last waiter is granted after the first")
+        .unwrap()
+        .unwrap();
+    granted.release().await.unwrap();
+}
+
 /// A waiter whose fallback poll (60 s) and holder's TTL (30 s) are far
 /// beyond the test's bound: a prompt grant after the release can only come
 /// from the notification (PostgreSQL) or the bell (MariaDB).

@@ -119,13 +119,48 @@ impl Smoke {
         )
     }
 
-    /// Fail step `step` with `message` and the logs of `services`.
+    /// Fail step `step` with `message`, the logs of `services` and the
+    /// project's network as each of them sees it.
     #[track_caller]
     fn fail(&self, step: &str, services: &[&str], message: &str) -> ! {
         panic!(
-            "compose smoke: FAILED at step: {step}\n{message}{}",
-            self.logs(services)
+            "compose smoke: FAILED at step: {step}\n{message}{}{}",
+            self.logs(services),
+            self.network(services)
         );
+    }
+
+    /// For a failure report: every container's address(es), and what each of
+    /// `services` resolves every service name to (a lock service that "timed
+    /// out" right after `docker compose restart` is an address question).
+    fn network(&self, services: &[&str]) -> String {
+        let addresses = self.inspect_all(
+            "{{index .Config.Labels \"com.docker.compose.service\"}} {{.State.Status}} \
+             {{range $n, $s := .NetworkSettings.Networks}}{{$n}}={{$s.IPAddress}} {{end}}",
+        );
+        if addresses.is_empty() {
+            return String::new();
+        }
+        let names: Vec<&str> = addresses
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        let mut report = format!("\n--- containers and their addresses ---\n{addresses}");
+        for service in services {
+            let mut script = String::from("getent hosts");
+            for name in &names {
+                script.push(' ');
+                script.push_str(name);
+            }
+            script.push_str("; cat /etc/resolv.conf");
+            let out = self.compose(&["exec", "-T", service, "sh", "-c", &script]);
+            report.push_str(&format!(
+                "--- names as {service} resolves them ---\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        report
     }
 
     /// The services `up` starts: those of `docker-compose config` without a
@@ -143,26 +178,33 @@ impl Smoke {
             .collect()
     }
 
+    /// The ids of every container of the project.
+    fn containers(&self) -> Vec<String> {
+        let label = format!("label=com.docker.compose.project={}", self.project);
+        self.podman(&["ps", "-aq", "--filter", &label])
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// `podman inspect --format FORMAT` of every container of the project
+    /// (empty without any).
+    fn inspect_all(&self, format: &str) -> String {
+        let ids = self.containers();
+        if ids.is_empty() {
+            return String::new();
+        }
+        let mut args = vec!["inspect", "--format", format];
+        args.extend(ids.iter().map(String::as_str));
+        self.podman(&args)
+    }
+
     /// `(service, state, health)` of every container of the project.
     fn states(&self) -> Vec<(String, String, String)> {
-        let ids = self.podman(&[
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=com.docker.compose.project={}", self.project),
-        ]);
-        let ids: Vec<&str> = ids.split_whitespace().collect();
-        if ids.is_empty() {
-            return Vec::new();
-        }
-        let mut args = vec![
-            "inspect",
-            "--format",
+        self.inspect_all(
             "{{index .Config.Labels \"com.docker.compose.service\"}} {{.State.Status}} {{.State.Health.Status}}",
-        ];
-        args.extend(ids);
-        self.podman(&args)
-            .lines()
+        )
+        .lines()
             .filter_map(|l| {
                 let mut w = l.split_whitespace();
                 Some((
@@ -267,6 +309,17 @@ fn services_of(command: &str) -> Vec<String> {
     if command.contains("localhost:808") {
         services.extend(["balancer", "gateway", "gateway-2"].map(String::from));
     }
+    // The lock service a `worker lock --backend X` talks to.
+    let backend = words.windows(2).find(|w| w[0] == "--backend").map(|w| w[1]);
+    let lock_services: &[&str] = match backend {
+        Some("redis") => &["redis"],
+        Some("zookeeper") => &["zk1", "zk2", "zk3"],
+        Some("lease-postgres") => &["postgres"],
+        Some("lease-mysql") => &["mariadb"],
+        Some("redis-sentinel") => &["redis-master", "sentinel-1"],
+        _ => &[],
+    };
+    services.extend(lock_services.iter().map(|s| s.to_string()));
     services.sort();
     services.dedup();
     services
@@ -470,13 +523,8 @@ fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
     // 4. down, as the README writes it; nothing of the project left.
     let step = format!("`{DOWN}`");
     let volumes: BTreeSet<String> = smoke
-        .podman(&[
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=com.docker.compose.project={}", smoke.project),
-        ])
-        .split_whitespace()
+        .containers()
+        .iter()
         .flat_map(|id| {
             smoke
                 .podman(&[
@@ -702,7 +750,7 @@ fn run_sh_block(smoke: &Smoke, marker: &str, block: &Block) {
 fn services_of_a_command_name_what_it_touches() {
     assert_eq!(
         services_of("docker compose exec -T worker-1 worker lock --backend redis"),
-        ["worker-1"]
+        ["redis", "worker-1"]
     );
     assert_eq!(
         services_of("docker compose kill $LEADER"),
