@@ -1094,6 +1094,13 @@ enum Pool {
 /// A lock service on a SQL lease table. Cheap to clone (shares the pool,
 /// the `LISTEN` connection and the wait counters). Fair unless
 /// [`LeaseTable::non_fair`].
+///
+/// Share one per process (clone it, with [`LeaseTable::with_client_id`] per
+/// task if they need their own ids): each service keeps its own pool and,
+/// on PostgreSQL, its own `LISTEN` connection, which every notifying commit
+/// of the database wakes. Three workers on one hot PostgreSQL page made
+/// 0.84× one worker's edits sharing one service and 0.73–0.76× with one
+/// each (docs/BENCHMARKS.md, "Seventh pass").
 #[derive(Clone)]
 pub struct LeaseTable {
     pool: Pool,
