@@ -2171,9 +2171,10 @@ struct MyWait {
     /// A wait of this acquire ended because the bell it waited on was let
     /// go by its holder (a release, or the waiter before us going on).
     rang: bool,
-    /// The last wait rang and, looking after its bell (see
-    /// `Statements::mysql_wait`), found no live place before ours: the next
-    /// try is the plain grant, without the queue's subquery (taken by it).
+    /// The last wait rang, and found no live place before ours but the one
+    /// whose bell it waited on (`first_now` in `Statements::mysql_wait`):
+    /// the next try is the plain grant, without the queue's subquery (and
+    /// takes this back to false).
     first_in_line: bool,
 }
 
