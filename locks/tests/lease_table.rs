@@ -902,6 +902,37 @@ async fn mysql_a_waiter_handed_the_lock_round_takes_its_place_without_a_refused_
     assert_eq!(db.queued("page").await, 0);
 }
 
+/// MariaDB: poll `acquire` (of lock "page") until it is the `n`th waiter
+/// queued and blocked on a bell, then leave it unpolled (as a stalled or
+/// dead process). `who` names it if it is granted instead.
+async fn queue_unpolled<F>(db: &Db, acquire: &mut F, n: i64, who: &str)
+where
+    F: std::future::Future<Output = Result<fencelock::Lease, LockError>> + Unpin,
+{
+    tokio::select! {
+        r = acquire => panic!("{who} was granted: {r:?}"),
+        () = async { db.wait_queued("page", n).await; db.wait_blocked(n).await } => {}
+    }
+}
+
+/// MariaDB: the server closes the connection of the second place in the
+/// queue of lock "page" (the one that holds its bell), as when its process
+/// dies.
+async fn kill_the_second_waiters_connection(admin: &sqlx::MySqlPool) {
+    let connection: i64 = sqlx::query_scalar(
+        "select cast(is_used_lock(concat('fencelock:w:', waiter)) as signed) \
+           from fencelock_leases_waiters \
+          where name = 'page' order by ticket limit 1 offset 1",
+    )
+    .fetch_one(admin)
+    .await
+    .unwrap();
+    sqlx::query(&format!("kill connection {connection}"))
+        .execute(admin)
+        .await
+        .unwrap();
+}
+
 /// MariaDB: three fair waiters queued, and the middle one's process dies
 /// (its connection is killed by the server, its place would last 240 s).
 /// The one behind it, which was blocked on the dead one's bell, wakes, finds
@@ -925,10 +956,7 @@ async fn mysql_a_dead_waiter_in_the_middle_of_the_chain_does_not_stall_the_ones_
     db.wait_blocked(1).await;
     let dying = db.service().await.with_poll_fallback(fallback);
     let mut dying_acquire = Box::pin(dying.acquire("page", ttl, wait));
-    tokio::select! {
-        r = &mut dying_acquire => panic!("the middle waiter was granted: {r:?}"),
-        () = async { db.wait_queued("page", 2).await; db.wait_blocked(2).await } => {}
-    }
+    queue_unpolled(&db, &mut dying_acquire, 2, "the middle waiter").await;
     let last = db.service().await.with_poll_fallback(fallback);
     let last_task = tokio::spawn({
         let last = last.clone();
@@ -940,18 +968,7 @@ async fn mysql_a_dead_waiter_in_the_middle_of_the_chain_does_not_stall_the_ones_
 
     // The middle waiter's process dies: never polled again, and the server
     // closes its connection (which holds its bell).
-    let connection: i64 = sqlx::query_scalar(
-        "select cast(is_used_lock(concat('fencelock:w:', waiter)) as signed) \
-           from fencelock_leases_waiters \
-          where name = 'page' order by ticket limit 1 offset 1",
-    )
-    .fetch_one(admin)
-    .await
-    .unwrap();
-    sqlx::query(&format!("kill connection {connection}"))
-        .execute(admin)
-        .await
-        .unwrap();
+    kill_the_second_waiters_connection(admin).await;
     std::mem::forget(dying_acquire);
     harness::wait_until(Duration::from_secs(10), || async {
         match last.wait_stats() {
@@ -1008,16 +1025,10 @@ async fn mysql_a_waiter_woken_by_a_dead_predecessor_does_not_pass_a_live_first_p
     let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
     let first = db.service().await.with_poll_fallback(fallback);
     let mut first_acquire = Box::pin(first.acquire("page", ttl, wait));
-    tokio::select! {
-        r = &mut first_acquire => panic!("the first waiter was granted: {r:?}"),
-        () = async { db.wait_queued("page", 1).await; db.wait_blocked(1).await } => {}
-    }
+    queue_unpolled(&db, &mut first_acquire, 1, "the first waiter").await;
     let dying = db.service().await.with_poll_fallback(fallback);
     let mut dying_acquire = Box::pin(dying.acquire("page", ttl, wait));
-    tokio::select! {
-        r = &mut dying_acquire => panic!("the middle waiter was granted: {r:?}"),
-        () = async { db.wait_queued("page", 2).await; db.wait_blocked(2).await } => {}
-    }
+    queue_unpolled(&db, &mut dying_acquire, 2, "the middle waiter").await;
     let last = db.service().await.with_poll_fallback(fallback);
     let mut last_task = tokio::spawn({
         let last = last.clone();
@@ -1033,18 +1044,7 @@ async fn mysql_a_waiter_woken_by_a_dead_predecessor_does_not_pass_a_live_first_p
     let last_before = last.wait_stats();
 
     // The middle waiter's process dies; the server closes its connection.
-    let connection: i64 = sqlx::query_scalar(
-        "select cast(is_used_lock(concat('fencelock:w:', waiter)) as signed) \
-           from fencelock_leases_waiters \
-          where name = 'page' order by ticket limit 1 offset 1",
-    )
-    .fetch_one(admin)
-    .await
-    .unwrap();
-    sqlx::query(&format!("kill connection {connection}"))
-        .execute(admin)
-        .await
-        .unwrap();
+    kill_the_second_waiters_connection(admin).await;
     std::mem::forget(dying_acquire);
     // The last waiter is woken, tries (refused: the first place is live),
     // and blocks again, on the first waiter's bell.
