@@ -688,6 +688,69 @@ async fn postgres_a_release_hands_the_lock_to_the_first_live_place() {
     );
 }
 
+/// PostgreSQL: a release that hands the lock to a waiter whose id carries
+/// its process's listener key (`<key>.<random>`, as the library's ids do)
+/// notifies that process's own channel, `fencelock_<key>`, and not the
+/// table's, where every other process's listener would receive it. The
+/// table's channel gets a marker sent after the release: it is the first
+/// thing a listener there hears, so no hand-over came before it (NOTIFY
+/// delivers in commit order).
+#[tokio::test]
+async fn postgres_a_hand_over_is_notified_on_the_waiters_own_channel() {
+    let (_svc, db) = postgres_at().await;
+    let Db::Postgres(pool, _) = &db else {
+        unreachable!()
+    };
+    let sql = fencelock::lease_table::Statements::for_table("fencelock_leases");
+    let mut table = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .unwrap();
+    table.listen("fencelock_leases").await.unwrap();
+    let mut own = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .unwrap();
+    own.listen("fencelock_0123456789abcdef").await.unwrap();
+    let first_try = |holder: &'static str| {
+        sqlx::query_as::<_, (Option<i64>, Option<f64>, Option<bool>)>(&sql.pg_acquire_fair_first)
+            .bind("page")
+            .bind(holder)
+            .bind(30.0_f64)
+            .bind(0.0_f64)
+            .bind("client")
+            .bind(60.0_f64)
+            .fetch_one(pool)
+    };
+    let held = first_try("h1").await.unwrap().0.expect("granted");
+    let waiter = "0123456789abcdef.0123456789abcdef0123456789abcdef";
+    assert_eq!(first_try(waiter).await.unwrap().0, None, "queued");
+    let released = sqlx::query(&sql.pg_release)
+        .bind("page")
+        .bind("h1")
+        .bind(held)
+        .fetch_optional(pool)
+        .await
+        .unwrap();
+    assert!(released.is_some(), "released");
+    let note = tokio::time::timeout(Duration::from_secs(10), own.recv())
+        .await
+        .expect("notified on the waiter's own channel")
+        .unwrap();
+    assert_eq!(note.payload(), format!("{waiter}={} page", held + 1));
+    sqlx::query("select pg_notify('fencelock_leases', 'marker')")
+        .execute(pool)
+        .await
+        .unwrap();
+    let note = tokio::time::timeout(Duration::from_secs(10), table.recv())
+        .await
+        .expect("the marker")
+        .unwrap();
+    assert_eq!(
+        note.payload(),
+        "marker",
+        "the table's channel heard the hand-over"
+    );
+}
+
 /// A new service (fallback poll 60 s) waiting for `page`, alone in its
 /// queue: refused (queued), listening, refused again. `page` must be held.
 async fn a_waiter_in_the_queue(
