@@ -48,7 +48,8 @@
 //!
 //! # Holder lookup
 //! [`HolderLookup`] asks the sentinels which server is the master **on every
-//! lookup**, then sends `ROLE` and `HMGET lock:{N} token owner` to that server in one
+//! lookup** (all of them at once, following the one that knows of the latest
+//! failover: the highest `config-epoch`), then sends `ROLE` and `HMGET lock:{N} token owner` to that server in one
 //! pipeline, and answers only if it still says it is the master. So after a
 //! failover that loses a grant it answers for the new master, which is what a
 //! storage asking "who holds it now" should get. Asking the sentinels each
@@ -82,6 +83,12 @@ pub const ISSUER: &str = "redis-sentinel";
 
 /// Deadline of each step of master discovery (connect, ask, check `ROLE`).
 const STEP_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long a holder lookup waits for the other sentinels' answers after the
+/// first one ([`Discovery::freshest_master`]): a sentinel that answers at
+/// all answers in well under a millisecond here, and a frozen one must not
+/// hold up a storage that waits at most 500 ms for the whole lookup.
+const FRESHEST_GRACE: Duration = Duration::from_millis(50);
 
 /// Where the sentinels are and which master they watch.
 #[derive(Debug, Clone)]
@@ -124,6 +131,81 @@ impl Discovery {
                 failures.join("; ")
             ),
         ))
+    }
+
+    /// The master's address and its `config-epoch` as `sentinel` names them
+    /// (`SENTINEL MASTER`).
+    async fn master_epoch(&self, sentinel: &str) -> Result<(u64, String), String> {
+        let client = Client::open(format!("redis://{sentinel}/")).map_err(|e| e.to_string())?;
+        let mut conn =
+            step(client.get_multiplexed_async_connection_with_config(&step_config())).await?;
+        let fields: Vec<String> = step(
+            redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(&self.master_name)
+                .query_async(&mut conn),
+        )
+        .await?;
+        let field = |name: &str| {
+            fields
+                .chunks(2)
+                .find(|kv| kv.len() == 2 && kv[0] == name)
+                .map(|kv| kv[1].clone())
+                .ok_or_else(|| format!("SENTINEL MASTER has no {name:?}"))
+        };
+        let epoch = field("config-epoch")?
+            .parse::<u64>()
+            .map_err(|e| format!("config-epoch: {e}"))?;
+        Ok((epoch, format!("{}:{}", field("ip")?, field("port")?)))
+    }
+
+    /// The master's `host:port` as the best-informed sentinel names it: every
+    /// sentinel is asked at once, and of the answers that come within
+    /// [`FRESHEST_GRACE`] of the first, the one with the highest
+    /// `config-epoch` wins (on a tie, the sentinel listed first). A sentinel
+    /// that has not heard of a failover yet (they learn it from each other's
+    /// hello messages, every 2 s) still names the old master with the old
+    /// epoch; asking only the first that answers, a storage's lookup went
+    /// there and failed closed (the old master frozen) right after a client
+    /// had been granted the lock by the new one. Only a failover that a
+    /// majority of sentinels voted for raises the epoch, so the highest one
+    /// names the newest master. A sentinel that does not answer within the
+    /// grace is not waited for.
+    pub(crate) async fn freshest_master(&self) -> Result<String, LockError> {
+        use futures::stream::{FuturesUnordered, StreamExt};
+        let mut asked: FuturesUnordered<_> = self
+            .sentinels
+            .iter()
+            .enumerate()
+            .map(|(i, s)| async move { (i, self.master_epoch(s).await) })
+            .collect();
+        let mut best: Option<(u64, usize, String)> = None;
+        let mut failures = vec![];
+        let mut deadline = None;
+        loop {
+            let next = match deadline {
+                None => asked.next().await,
+                Some(at) => match tokio::time::timeout_at(at, asked.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            let Some((i, answer)) = next else { break };
+            match answer {
+                Ok((epoch, addr)) => {
+                    deadline.get_or_insert(tokio::time::Instant::now() + FRESHEST_GRACE);
+                    let better = best
+                        .as_ref()
+                        .is_none_or(|(e, j, _)| epoch > *e || (epoch == *e && i < *j));
+                    if better {
+                        best = Some((epoch, i, addr));
+                    }
+                }
+                Err(e) => failures.push(format!("{}: {e}", self.sentinels[i])),
+            }
+        }
+        best.map(|(_, _, addr)| addr)
+            .ok_or_else(|| LockError::unavailable(ISSUER, failures.join("; ")))
     }
 
     /// The master's address as `sentinel` names it.
@@ -316,7 +398,7 @@ impl RedisSentinelLock {
 
     /// `current_holder`: see the module docs ("Holder lookup").
     async fn holder_on_named_master(&self, name: &str) -> Result<Option<Holder>, LockError> {
-        let master = self.current_master().await?;
+        let master = self.discovery.freshest_master().await?;
         let mut conn = {
             let mut cached = self.lookup.lock().await;
             match cached.as_ref() {

@@ -219,3 +219,49 @@ async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
         "the next lookup opened a new connection to the master"
     );
 }
+
+/// A storage's lookup right after a failover, while a sentinel listed first
+/// has not heard of it: the lookup follows the sentinel with the newest
+/// `config-epoch`, not the first that answers. The stale sentinel is one of
+/// a second group's (same master name, no failover, so epoch 0): it names a
+/// server that is a master and knows nothing of the lock, which is what a
+/// sentinel that missed the failover names too (the old master), and which a
+/// lookup asking only the first answering sentinel reads (the holder: none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_follows_the_sentinel_that_knows_the_latest_failover() {
+    let group = SentinelGroup::start().await;
+    let stale = SentinelGroup::start().await;
+    // A failover in `group` (its epoch becomes 1), asked of one sentinel.
+    let sentinel = redis::Client::open(format!("redis://{}/", group.sentinel_addrs()[0])).unwrap();
+    let mut conn = sentinel.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(group.master_name())
+        .query_async(&mut conn)
+        .await
+        .expect("SENTINEL FAILOVER");
+    group.wait_master(1, FAILOVER).await.unwrap();
+
+    let b = client(&group, "b").await;
+    let lease = b
+        .acquire_with(
+            "x",
+            held(Duration::from_secs(30)).wait(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let mut list = vec![stale.sentinel_addrs()[0].clone()];
+    list.extend(group.sentinel_addrs());
+    let storage = RedisSentinelLock::connect(&list, group.master_name())
+        .await
+        .unwrap();
+    assert_eq!(
+        storage.current_holder("x").await.unwrap(),
+        Some(Holder {
+            client_id: "b".into(),
+            token: lease.token().unwrap()
+        }),
+        "the lookup followed the sentinel listed first, which missed the failover"
+    );
+    lease.release().await.unwrap();
+}
