@@ -49,10 +49,11 @@
 //! # Holder lookup
 //! [`HolderLookup`] asks the sentinels which server is the master **on every
 //! lookup** (all of them at once, following the one that knows of the latest
-//! failover: the highest `config-epoch`), then sends `ROLE` and `HMGET lock:{N} token owner` to that server in one
-//! pipeline, and answers only if it still says it is the master. So after a
-//! failover that loses a grant it answers for the new master, which is what a
-//! storage asking "who holds it now" should get. Asking the sentinels each
+//! failover: the highest `config-epoch`), then sends `ROLE` and `HMGET
+//! lock:{N} token owner` to that server in one pipeline, and answers only if
+//! it still says it is the master. So after a failover that loses a grant it
+//! answers for the new master, which is what a storage asking "who holds it
+//! now" should get. Asking the sentinels each
 //! time matters: a lookup that kept its connection to the old master would
 //! keep reading there (reads are not refused with `READONLY` on a replica),
 //! and an old master that was frozen and comes back still says `master`
@@ -136,9 +137,7 @@ impl Discovery {
     /// The master's address and its `config-epoch` as `sentinel` names them
     /// (`SENTINEL MASTER`).
     async fn master_epoch(&self, sentinel: &str) -> Result<(u64, String), String> {
-        let client = Client::open(format!("redis://{sentinel}/")).map_err(|e| e.to_string())?;
-        let mut conn =
-            step(client.get_multiplexed_async_connection_with_config(&step_config())).await?;
+        let mut conn = sentinel_connection(sentinel).await?;
         let fields: Vec<String> = step(
             redis::cmd("SENTINEL")
                 .arg("MASTER")
@@ -210,9 +209,7 @@ impl Discovery {
 
     /// The master's address as `sentinel` names it.
     pub(crate) async fn master_addr(&self, sentinel: &str) -> Result<(String, u16), String> {
-        let client = Client::open(format!("redis://{sentinel}/")).map_err(|e| e.to_string())?;
-        let mut conn =
-            step(client.get_multiplexed_async_connection_with_config(&step_config())).await?;
+        let mut conn = sentinel_connection(sentinel).await?;
         let addr: Option<(String, u16)> = step(
             redis::cmd("SENTINEL")
                 .arg("get-master-addr-by-name")
@@ -271,6 +268,12 @@ fn step_config() -> AsyncConnectionConfig {
     AsyncConnectionConfig::new()
         .set_connection_timeout(STEP_TIMEOUT)
         .set_response_timeout(STEP_TIMEOUT)
+}
+
+/// A new connection to `sentinel` (`host:port`), within [`STEP_TIMEOUT`].
+async fn sentinel_connection(sentinel: &str) -> Result<MultiplexedConnection, String> {
+    let client = Client::open(format!("redis://{sentinel}/")).map_err(|e| e.to_string())?;
+    step(client.get_multiplexed_async_connection_with_config(&step_config())).await
 }
 
 /// One discovery step within [`STEP_TIMEOUT`].
@@ -398,7 +401,7 @@ impl RedisSentinelLock {
 
     /// `current_holder`: see the module docs ("Holder lookup").
     async fn holder_on_named_master(&self, name: &str) -> Result<Option<Holder>, LockError> {
-        let master = self.discovery.freshest_master().await?;
+        let master = self.current_master().await?;
         let mut conn = {
             let mut cached = self.lookup.lock().await;
             match cached.as_ref() {
@@ -460,16 +463,11 @@ impl RedisSentinelLock {
         holder_from_fields(ISSUER, fields)
     }
 
-    /// The master's `host:port` as the first answering sentinel names it now.
+    /// The master's `host:port` as the sentinel that knows of the latest
+    /// failover names it now (the highest `config-epoch` among the sentinels
+    /// that answer; see `Discovery::freshest_master`).
     pub async fn current_master(&self) -> Result<String, LockError> {
-        let mut failures = vec![];
-        for s in &self.discovery.sentinels {
-            match self.discovery.master_addr(s).await {
-                Ok((host, port)) => return Ok(format!("{host}:{port}")),
-                Err(e) => failures.push(format!("{s}: {e}")),
-            }
-        }
-        Err(LockError::unavailable(ISSUER, failures.join("; ")))
+        self.discovery.freshest_master().await
     }
 }
 
