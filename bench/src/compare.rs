@@ -651,7 +651,11 @@ fn chaos_plan(settings: &Settings, backends: &[Backend]) -> Vec<(Plan, usize)> {
     let seed: u64 = 0x00c0_ffee;
     let mut plans = vec![];
     if settings.quick {
-        let fenced: Vec<Backend> = backends.iter().copied().filter(|b| b.fenced()).collect();
+        let fenced: Vec<Backend> = backends
+            .iter()
+            .copied()
+            .filter(|b| b.mints_tokens())
+            .collect();
         if !fenced.is_empty() {
             plans.push(
                 Plan::new(seed)

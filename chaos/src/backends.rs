@@ -7,55 +7,11 @@
 //! replica and three sentinels ([`harness::SentinelGroup`]).
 
 use std::collections::HashMap;
-use std::fmt;
 
 use harness::{MariaDb, Redis, SentinelGroup, ZooKeeper, ZooKeeperHosts};
 
 /// A lock backend of the worker (`--backend`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Backend {
-    Redis,
-    RedisSentinel,
-    Redlock,
-    Zookeeper,
-    LeasePostgres,
-    LeaseMysql,
-}
-
-impl Backend {
-    pub const ALL: [Backend; 6] = [
-        Backend::Redis,
-        Backend::Redlock,
-        Backend::Zookeeper,
-        Backend::LeasePostgres,
-        Backend::LeaseMysql,
-        Backend::RedisSentinel,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Redis => "redis",
-            Backend::RedisSentinel => "redis-sentinel",
-            Backend::Redlock => "redlock",
-            Backend::Zookeeper => "zookeeper",
-            Backend::LeasePostgres => "lease-postgres",
-            Backend::LeaseMysql => "lease-mysql",
-        }
-    }
-
-    /// Whether grants carry a fencing token. Redlock's do not: it has no
-    /// counter that all nodes agree on, so it appears only with the fence off.
-    pub fn fenced(self) -> bool {
-        self != Backend::Redlock
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use fencelock::Backend;
 
 /// The running services one backend needs. Shared by the scenarios of that
 /// backend (each scenario uses its own page, hence its own lock name).
@@ -219,7 +175,7 @@ impl Services {
     /// the port the worker should use instead (a delay proxy), if any.
     pub fn worker_args(&self, via: &HashMap<u16, u16>) -> Vec<(String, String)> {
         let map = |url: String, port: u16| match via.get(&port) {
-            Some(p) => crate::proxy::via_proxy(&url, port, *p),
+            Some(p) => harness::proxy::via_proxy(&url, port, *p),
             None => url,
         };
         let mut args = vec![("--backend".to_string(), self.backend.name().to_string())];

@@ -7,7 +7,6 @@
 //! tests in `chaos/tests/` call the same [`run`] and assert on its rows.
 //!
 //! # Layout
-//! - [`proxy`]: a TCP delay proxy (tc netem is not available here).
 //! - [`procs`]: the worker and gateway binaries as child processes; the
 //!   worker's JSONL events.
 //! - [`backends`]: the lock services each backend needs, and its worker flags.
@@ -27,7 +26,6 @@ pub mod backends;
 pub mod failover;
 pub mod history;
 pub mod procs;
-pub mod proxy;
 pub mod replication;
 pub mod report;
 pub mod scenarios;
@@ -114,9 +112,9 @@ impl Plan {
             let fences: Vec<bool> = match self.fencing {
                 // Redlock grants carry no token: with the fence on every write
                 // would be refused, so it appears only with the fence off.
-                Some(true) if !backend.fenced() => vec![],
+                Some(true) if !backend.mints_tokens() => vec![],
                 Some(f) => vec![f],
-                None if !backend.fenced() => vec![false],
+                None if !backend.mints_tokens() => vec![false],
                 // The default run shows the fence off only where it demonstrates
                 // something: the paused and the delayed writer.
                 None if matches!(s, Scenario::GcPauseWriting | Scenario::DelayedWrite)

@@ -107,7 +107,7 @@ async fn soak(seed: u64, minutes: f64, config: &Config) -> anyhow::Result<()> {
             .backend
             .iter()
             .copied()
-            .filter(|b| b.fenced())
+            .filter(|b| b.mints_tokens())
             .collect();
     }
     soak.zookeeper_standalone = config.zookeeper_standalone;

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::procs::{now_ms, Event};
-use crate::proxy::{DelayProxy, Mode};
 use crate::report::Row;
 use crate::scenarios::{Ctx, EVENT_WAIT};
+use harness::proxy::{DelayProxy, Mode};
 
 /// How long a failover or an election may take before the row fails.
 const SERVICE_WAIT: Duration = Duration::from_secs(40);

@@ -14,8 +14,8 @@ use serde::Serialize;
 
 use crate::backends::{Backend, Services};
 use crate::procs::{EventLog, GatewayProc, WorkerProc, WorkerSpec};
-use crate::proxy::{DelayProxy, Mode};
 use crate::report::{self, Row};
+use harness::proxy::{DelayProxy, Mode};
 
 /// A fault to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
@@ -137,7 +137,7 @@ impl Scenario {
             // Sentinel group does not run them again.)
             Scenario::PostgresFailoverAsync
             | Scenario::PostgresFailoverSync
-            | Scenario::GatewayKill => backend.fenced() && backend != Backend::RedisSentinel,
+            | Scenario::GatewayKill => backend.mints_tokens() && backend != Backend::RedisSentinel,
             // The Sentinel group is the single-instance lock otherwise: it
             // runs the pauses and the crash, not the whole list again.
             Scenario::GcPauseWriting | Scenario::GcPauseRead | Scenario::Crash => true,
@@ -218,7 +218,7 @@ impl Ctx<'_> {
             args: self.services.worker_args(via),
             env: vec![],
         };
-        let fenced = self.services.backend.fenced();
+        let fenced = self.services.backend.mints_tokens();
         spec = spec
             .arg("--gateway", gateway)
             .arg("--page", &self.page)

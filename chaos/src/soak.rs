@@ -51,7 +51,7 @@ use serde::Serialize;
 use crate::backends::{Backend, Zk};
 use crate::history::{self, Attempt};
 use crate::procs::{now_ms, Event, EventLog, GatewayProc, WorkerProc, WorkerSpec};
-use crate::proxy::{via_proxy, DelayProxy, Mode};
+use harness::proxy::{via_proxy, DelayProxy, Mode};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -78,7 +78,7 @@ impl SoakConfig {
             // restart: its failures are the chaos rows `sentinel-failover*`.
             backends: Backend::ALL
                 .into_iter()
-                .filter(|b| b.fenced() && *b != Backend::RedisSentinel)
+                .filter(|b| b.mints_tokens() && *b != Backend::RedisSentinel)
                 .collect(),
             pages_per_backend: 2,
             workers_per_page: 2,

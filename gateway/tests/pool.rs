@@ -9,9 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use chaos::proxy::{via_proxy, DelayProxy, Mode};
 use common::{keyed, Api};
 use gateway::{FenceCheck, PoolOptions};
+use harness::proxy::{via_proxy, DelayProxy, Mode};
 use tokio::time::Instant;
 
 /// The port in `postgres://user@host:PORT/db`.

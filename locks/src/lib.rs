@@ -167,7 +167,8 @@
 //! - `wake.rs`: the loop of a notified lock (try, subscribe, try, wait for a
 //!   notification or a bound) and the routing of notifications to this
 //!   process's waiters (Redis pub/sub, PostgreSQL `NOTIFY`).
-//! - `token.rs`: [`Token`]. `error.rs`: [`LockError`].
+//! - `token.rs`: [`Token`]. `error.rs`: [`LockError`]. `backend.rs`: [`Backend`],
+//!   the backends by name, feature or not.
 //! - `redis.rs`, `redlock.rs`, `lease_table.rs`: one backend each;
 //!   `redis_sentinel.rs`: the Redis backend on the master Sentinel names.
 //! - `zookeeper/`: `mod.rs` the lock type, `recipe.rs` the queue of
@@ -176,6 +177,7 @@
 //!   names, `election.rs` leader election on the same recipe.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod backend;
 mod error;
 mod lease;
 mod token;
@@ -201,6 +203,7 @@ pub mod redlock;
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub mod zookeeper;
 
+pub use backend::{Backend, UnknownBackend};
 pub use error::LockError;
 pub use lease::{
     default_client_id, drift_allowance, lost_channel, poll_until_granted, validate_client_id,

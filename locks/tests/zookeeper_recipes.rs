@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fencelock::zookeeper::{ZooKeeperLock, ZooKeeperReadWriteLock, LOCKS_ROOT};
 use fencelock::{HolderLookup, Lease, LockError, LockService};
-use harness::zookeeper_proxy::{Op, ZooKeeperProxy};
+use harness::proxy::{Op, ZooKeeperProxy};
 use harness::{wait_until, ZooKeeper};
 use tokio::sync::OnceCell;
 use zookeeper_client as zk;

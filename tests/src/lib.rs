@@ -17,8 +17,8 @@
 //! - [`zookeeper`]: ZooKeeper, standalone, or a three-node ensemble on loopback.
 //! - [`zookeeper_hosts`]: a three-node ensemble whose servers each live in
 //!   their own network namespace, so that one can be cut off ([`netns`]).
-//! - [`zookeeper_proxy`]: a proxy between a ZooKeeper client and server that
-//!   loses one reply (or sends one request twice) on purpose.
+//! - [`proxy`]: proxies between a client and a server that delay or hold its
+//!   bytes, or lose one ZooKeeper reply (or send one request twice), on purpose.
 //! - [`sentinel`]: a Redis master, its replica and three sentinels.
 //! - [`stack`]: `scripts/stack`, the whole demo topology, on free ports.
 //! - [`transcript`]: the README's checked ```` ```console ```` transcripts and
@@ -31,6 +31,7 @@ pub mod mariadb;
 pub mod netns;
 pub mod postgres;
 pub mod process;
+pub mod proxy;
 pub mod python;
 pub mod redis;
 pub mod replication;
@@ -40,15 +41,14 @@ pub mod transcript;
 pub mod worker_proc;
 pub mod zookeeper;
 pub mod zookeeper_hosts;
-pub mod zookeeper_proxy;
 
 pub use haproxy::Haproxy;
 pub use mariadb::{fresh_mysql_database, MariaDb};
 pub use postgres::{fresh_database, Postgres};
 pub use process::{free_port, scratch_dir, wait_until, ServiceProcess};
+pub use proxy::{DelayProxy, ZooKeeperProxy};
 pub use redis::{Persistence, Redis};
 pub use replication::{PostgresPair, Replication};
 pub use sentinel::SentinelGroup;
 pub use zookeeper::ZooKeeper;
 pub use zookeeper_hosts::ZooKeeperHosts;
-pub use zookeeper_proxy::ZooKeeperProxy;

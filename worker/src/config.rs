@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+/// Which lock service guards the page (`--backend`).
+pub use fencelock::Backend;
 
 /// Edit one page through the gateway under a lock, over and over, and say what
 /// happened at every step.
@@ -122,29 +124,6 @@ pub struct Config {
     /// (`read` or `writing`), for deterministic pause demos. SIGCONT resumes it.
     #[arg(long, env = "WORKER_STOP_SELF_AT", value_enum)]
     pub stop_self_at: Option<StopAt>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Backend {
-    Redis,
-    RedisSentinel,
-    Redlock,
-    Zookeeper,
-    LeasePostgres,
-    LeaseMysql,
-}
-
-impl Backend {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Backend::Redis => "redis",
-            Backend::RedisSentinel => "redis-sentinel",
-            Backend::Redlock => "redlock",
-            Backend::Zookeeper => "zookeeper",
-            Backend::LeasePostgres => "lease-postgres",
-            Backend::LeaseMysql => "lease-mysql",
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

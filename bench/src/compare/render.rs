@@ -464,7 +464,7 @@ fn chaos_tables(report: &Report, out: &mut String) {
             continue;
         }
         let name = b.backend.name();
-        let fence = b.backend.fenced();
+        let fence = b.backend.mints_tokens();
         let cells: Vec<String> = scenarios
             .iter()
             .map(|s| {
