@@ -149,7 +149,7 @@ fn log_startup(o: &TrustOptions, fencing: FenceCheck) {
         (FenceCheck::Enforce, false) => {
             tracing::info!(issuers = ?o.issuers, timeout = ?o.issuer_timeout, "fencing tokens are checked with their issuers");
             for spec in &o.issuers {
-                let expected = spec.backend.lease_issuer();
+                let expected = spec.backend.name();
                 if spec.name != expected {
                     tracing::warn!(
                         "issuer {:?} is a {:?} backend, whose leases carry Fencing-Issuer {expected:?}: \
