@@ -24,7 +24,7 @@ pub struct TrustOptions {
 }
 
 impl TrustOptions {
-    /// Authentication off, no keys, no issuers: the gateway before issue 12.
+    /// Authentication off, no keys, no issuers: as a gateway without either.
     pub fn off() -> Self {
         TrustOptions {
             auth: AuthMode::Off,
