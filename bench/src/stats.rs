@@ -2,6 +2,18 @@
 
 use std::time::Duration;
 
+/// How long each measured run lasts, and how many of each there are
+/// (`bench gateway`, `trust`, `scale`).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct Repeats {
+    /// Seconds per measured run.
+    #[arg(long, default_value_t = 5)]
+    pub secs: u64,
+    /// Runs of each figure (figures are medians).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+}
+
 /// The outcome of one measured run: how many operations in how long, and each
 /// operation's latency.
 #[derive(Debug, Clone, Default)]
