@@ -20,8 +20,8 @@
 //! Shared by them:
 //! - `http.rs`: the HTTP load generator of the gateway benchmarks.
 //! - `pgbench.rs`: pgbench running the gateway's statement.
-//! - `tools.rs`: redis-benchmark, pgbench, mariadb-slap and the Python venv
-//!   peers on the locks.
+//! - `tools.rs`: redis-benchmark, pgbench and mariadb-slap on the locks.
+//! - `peers.rs`: the Python peers (redis Lock, kazoo Lock).
 //! - `stats.rs`: runs, quantiles, medians. `cpu.rs`: CPU time of processes.
 //! - `machine.rs`: the machine, its load, the time. `sections.rs`: the
 //!   sections of `docs/BENCHMARKS.md`.
@@ -32,6 +32,7 @@ mod gateway;
 mod http;
 mod locks;
 mod machine;
+mod peers;
 mod pgbench;
 mod redlock;
 mod scale;

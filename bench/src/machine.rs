@@ -1,5 +1,5 @@
-//! Where and when a figure was measured: the machine's CPUs, its load, and
-//! the time.
+//! Where and when a figure was measured: the machine (CPUs, their model,
+//! memory, the OS, the services' versions), its load, and the time.
 
 /// CPUs this process may use (`nproc`).
 pub fn cpus() -> usize {
@@ -25,6 +25,93 @@ pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+/// The machine the figures come from.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    pub nproc: usize,
+    pub cpu: String,
+    pub memory: String,
+    pub os: String,
+    /// The services' versions as their binaries report them.
+    pub services: Vec<String>,
+}
+
+impl Machine {
+    pub fn probe() -> Self {
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let memory = read("/proc/meminfo")
+            .lines()
+            .find(|l| l.starts_with("MemTotal"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map(|kb| format!("{:.1} GiB", kb / 1024.0 / 1024.0))
+            .unwrap_or_else(|| "unknown".into());
+        let pretty = read("/etc/os-release")
+            .lines()
+            .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+            .map(|v| v.trim_matches('"').to_string())
+            .unwrap_or_else(|| "unknown OS".into());
+        let kernel = read("/proc/sys/kernel/osrelease").trim().to_string();
+        Machine {
+            nproc: cpus(),
+            cpu: cpu_model(),
+            memory,
+            os: format!("{pretty}, Linux {kernel}"),
+            services: service_versions(),
+        }
+    }
+}
+
+/// First line of `program args`, or nothing when it cannot run.
+fn version_of(program: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().next()?.trim();
+    (!line.is_empty()).then(|| line.to_string())
+}
+
+fn service_versions() -> Vec<String> {
+    let mut v = vec![];
+    if let Some(l) = version_of("redis-server", &["--version"]) {
+        // "Redis server v=7.0.15 sha=..."
+        let ver = l.split_whitespace().find_map(|w| w.strip_prefix("v="));
+        v.push(format!("redis-server {}", ver.unwrap_or(&l)));
+    }
+    if let Some(l) = version_of(
+        &harness::postgres::pgbench()
+            .with_file_name("postgres")
+            .to_string_lossy(),
+        &["--version"],
+    ) {
+        v.push(l);
+    }
+    if let Some(l) = version_of("mariadbd", &["--version"]) {
+        v.push(
+            l.split(" for ")
+                .next()
+                .unwrap_or(&l)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+    }
+    let zk = std::fs::read_dir("/usr/share/java")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find_map(|f| {
+            f.strip_prefix("zookeeper-")?
+                .strip_suffix(".jar")
+                .filter(|ver| ver.starts_with(|c: char| c.is_ascii_digit()))
+                .map(|ver| format!("ZooKeeper {ver}, standalone and a 3-node ensemble"))
+        });
+    v.extend(zk);
+    v
 }
 
 /// Now, UTC, to the minute (civil date from the Unix day count).
