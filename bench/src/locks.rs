@@ -20,7 +20,7 @@
 //! grant+release at a time: the contended rows are compared with the same
 //! single-client limit.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,10 +31,7 @@ use harness::{MariaDb, Postgres, Redis};
 use tokio::time::Instant;
 
 use crate::stats::{median, ms, spread, Run};
-use crate::tools;
-
-/// The pinned version of the Python peer.
-const PY_REDIS: &str = "redis==8.1.0";
+use crate::{peers, tools};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -106,13 +103,7 @@ impl Row {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let secs = Duration::from_secs(args.seconds);
-    let python = match &args.python {
-        Some(p) => Ok(p.clone()),
-        None => python_venv().await,
-    };
-    if let Err(e) = &python {
-        eprintln!("Python peer unavailable: {e:#}");
-    }
+    let python = peers::python(&args.python, "lockbench-venv", "redis", &[peers::REDIS]).await;
 
     eprintln!("starting redis-server, PostgreSQL and MariaDB ...");
     let redis = Redis::start().await;
@@ -193,8 +184,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             rows[base + 5].push(run);
         }
         if let Ok(py) = &python {
-            rows[base + 3].push(python_lock(py, redis.port(), 1, secs).await?);
-            rows[base + 4].push(python_lock(py, redis.port(), n, secs).await?);
+            rows[base + 3].push(peers::redis_lock(py, redis.port(), 1, secs).await?);
+            rows[base + 4].push(peers::redis_lock(py, redis.port(), n, secs).await?);
         }
         if args.redis_only {
             continue;
@@ -238,15 +229,7 @@ async fn ours(
             acquire_release_until(&*svc, &lock, opts, end).await
         }));
     }
-    let mut latencies = Vec::new();
-    for j in joins {
-        latencies.extend(j.await??);
-    }
-    Ok(Run {
-        ops: latencies.len() as u64,
-        elapsed: start.elapsed(),
-        latencies,
-    })
+    Run::joined(start, joins).await
 }
 
 /// Acquire+release `lock` on `svc` back to back until `end`: the latency of
@@ -278,53 +261,6 @@ async fn redis_benchmark(port: u16, secs: Duration) -> anyhow::Result<Run> {
         elapsed: Duration::from_secs(1000),
         latencies,
     })
-}
-
-const PY_LOCK: &str = r#"
-import json, sys, threading, time
-import redis
-port, clients, secs = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-name = "py-%d" % clients
-r = redis.Redis(port=port)
-lat, guard = [], threading.Lock()
-end = time.perf_counter() + secs
-def work():
-    mine = []
-    while time.perf_counter() < end:
-        t0 = time.perf_counter()
-        lock = r.lock(name, timeout=10, blocking_timeout=30)
-        if not lock.acquire():
-            raise SystemExit("not acquired")
-        lock.release()
-        mine.append(time.perf_counter() - t0)
-    with guard:
-        lat.extend(mine)
-start = time.perf_counter()
-threads = [threading.Thread(target=work) for _ in range(clients)]
-for t in threads: t.start()
-for t in threads: t.join()
-print(json.dumps({"elapsed": time.perf_counter() - start, "lat": lat}))
-"#;
-
-/// The Python peer: `redis.Redis().lock(...)` acquire+release in a loop, by
-/// `clients` threads on one lock.
-async fn python_lock(
-    python: &Path,
-    port: u16,
-    clients: usize,
-    secs: Duration,
-) -> anyhow::Result<Run> {
-    let args = [
-        port.to_string(),
-        clients.to_string(),
-        secs.as_secs_f64().to_string(),
-    ];
-    tools::python_peer(python, PY_LOCK, &args).await
-}
-
-/// A venv under `target/` with the pinned `redis` package, created on first use.
-async fn python_venv() -> anyhow::Result<PathBuf> {
-    tools::python_venv("lockbench-venv", "redis", &[PY_REDIS]).await
 }
 
 fn print_table(rows: &[Row], args: &Args) {

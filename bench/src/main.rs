@@ -1,67 +1,8 @@
-//! `cargo run --release -p bench -- <what>`: each subcommand starts its own
-//! real services, measures the project's code and the limit (or peer) in the
-//! same run, and prints a Markdown table for `docs/BENCHMARKS.md`.
-//!
-//! # Layout
-//! - `stats.rs`: samples, quantiles, medians.
-//! - `gateway.rs`: fenced PUTs through the gateway beside pgbench running the minimal same-work statement and the gateway's own.
-//! - `trust.rs`: fenced PUTs with real grants, without and with keys and issuer checks.
-//! - `locks.rs`: Redis and lease-table backends beside redis-benchmark, pgbench and Python's redis Lock.
-//! - `zookeeper.rs`: the ZooKeeper lock beside kazoo and raw create/delete.
-//! - `redlock.rs`: Redlock N=3/5 beside the single instance and rslock.
-//! - `tools.rs`: redis-benchmark, pgbench, mariadb-slap and the Python venv peers, shared.
-//! - `scale.rs`: PUT/s with one and two gateway processes on one PostgreSQL,
-//!   direct and behind HAProxy, beside pgbench, with the CPU of each part.
-//! - `compare.rs`: every backend side by side (speed, limits, peers, chaos) into docs/COMPARISON.md.
+//! `cargo run --release -p bench -- <what>`: the command line, then the
+//! benchmark it names (everything else is in the library).
 
-mod compare;
-mod gateway;
-mod locks;
-mod redlock;
-mod scale;
-mod stats;
-mod tools;
-mod trust;
-mod zookeeper;
-
-use clap::{Parser, Subcommand};
-
-#[derive(Parser)]
-#[command(about = "Benchmarks, each beside the limit measured in the same run")]
-struct Cli {
-    #[command(subcommand)]
-    what: What,
-}
-
-#[derive(Subcommand)]
-enum What {
-    /// Redis and lease-table locks beside redis-benchmark, pgbench, mariadb-slap and Python's redis Lock.
-    Locks(locks::Args),
-    /// Fenced PUTs through the gateway beside pgbench running the minimal same-work statement and the gateway's own.
-    Gateway(gateway::Args),
-    /// What the issuer check costs: fenced PUTs with real grants per backend,
-    /// without keys, with keys, with keys and the issuer check.
-    Trust(trust::Args),
-    /// Redlock N=3/5 beside the single-instance lock, rslock and bare round trips.
-    Redlock(redlock::Args),
-    /// The fair ZooKeeper lock beside kazoo's Lock and raw create/getChildren/delete.
-    Zookeeper(zookeeper::Args),
-    /// PUT/s with 1 and 2 gateway processes on one PostgreSQL, direct and behind HAProxy (docs/SCALING.md).
-    Scale(scale::Args),
-    /// Every backend side by side: speed, limits, peers and chaos, into COMPARISON.md and an SVG.
-    Compare(compare::Args),
-}
+use clap::Parser;
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    let runtime = tokio::runtime::Runtime::new()?;
-    match cli.what {
-        What::Locks(args) => runtime.block_on(locks::run(args)),
-        What::Gateway(args) => runtime.block_on(gateway::run(args)),
-        What::Trust(args) => runtime.block_on(trust::run(args)),
-        What::Redlock(args) => runtime.block_on(redlock::run(args)),
-        What::Zookeeper(args) => runtime.block_on(zookeeper::run(args)),
-        What::Compare(args) => runtime.block_on(compare::run(args)),
-        What::Scale(args) => runtime.block_on(scale::run(args)),
-    }
+    bench::run(bench::Cli::parse())
 }

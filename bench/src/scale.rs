@@ -11,28 +11,28 @@
 //! from /proc before and after each run: the gateways, PostgreSQL (the
 //! postmaster, its live backends and the ones it reaped), HAProxy, and this
 //! process with the children it reaped (the HTTP load generator; pgbench).
-//!
-//! Its own load generator and pgbench driver are small copies of the ones in
-//! `gateway.rs`, kept apart so that `bench gateway` can change freely.
+//! The load generator is [`crate::http`], pgbench runs the statement as
+//! [`crate::pgbench`] has it: both as `bench gateway` uses them.
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use chaos::procs::GatewayProc;
 use harness::{Haproxy, Postgres};
 
-use crate::stats::{median, spread, Run};
+use crate::cpu::{cpu_of, Children};
+use crate::http::{Headers, Load, Pages};
+use crate::pgbench::{self, FencedPuts};
+use crate::stats::{median, spread, Repeats, Run};
+use crate::tools::output;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Seconds per measured run.
-    #[arg(long, default_value_t = 5)]
-    secs: u64,
-    /// Runs per setup and client count (figures are medians).
-    #[arg(long, default_value_t = 3)]
-    repeats: usize,
+    #[command(flatten)]
+    runs: Repeats,
     /// Client counts (HTTP connections; pgbench clients).
     #[arg(long, value_delimiter = ',', default_value = "8,32")]
     clients: Vec<usize>,
@@ -115,39 +115,29 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let gw_pids: Vec<u32> = [&gw1, &gw2].iter().filter_map(|g| g.pid()).collect();
 
     let body = "x".repeat(BODY_LEN);
-    let json = serde_json::json!({ "body": body }).to_string();
+    let json = Load::json_of_len(BODY_LEN);
     let dir = tempfile::tempdir()?;
-    let script = dir.path().join("fenced_put.sql");
-    std::fs::write(
-        &script,
-        format!("\\set id random(1, {})\n{};\n", args.pages, pgbench_sql()),
-    )?;
+    let script = pgbench::fenced_access_script(dir.path(), args.pages)?;
     let mut token = 1_u64;
     eprintln!("seeding {} pages", args.pages);
-    load(
-        &[addr(gw1.port())],
-        8,
-        Duration::ZERO,
-        args.pages,
+    let each = Pages::Each {
+        n: args.pages,
         token,
-        &json,
-        Some(args.pages),
-    )
-    .await?;
+    };
+    load(vec![addr(gw1.port())], 8, each, &json)
+        .run(Duration::ZERO)
+        .await?;
     eprintln!("warming up");
+    let random = |token| Pages::Random {
+        n: args.pages,
+        token,
+    };
     for setup in Setup::ALL {
         if setup != Setup::Pgbench {
             let targets = targets(setup, &gw1, &gw2, &lb1, &lb2);
-            load(
-                &targets,
-                8,
-                Duration::from_secs(1),
-                args.pages,
-                token,
-                &json,
-                None,
-            )
-            .await?;
+            load(targets, 8, random(token), &json)
+                .run(Duration::from_secs(1))
+                .await?;
         }
     }
 
@@ -157,7 +147,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             results.push((setup, c, vec![]));
         }
     }
-    for r in 0..args.repeats {
+    for r in 0..args.runs.repeats {
         for (setup, clients, runs) in results.iter_mut() {
             token += 1;
             let pids = Pids {
@@ -171,29 +161,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             };
             let before = pids.cpu();
             let run = if *setup == Setup::Pgbench {
-                pgbench(
-                    &pg,
-                    &db,
-                    &script,
-                    dir.path(),
-                    *clients,
-                    args.secs,
+                let puts = FencedPuts {
+                    port: pg.port(),
+                    db: &db,
+                    script: &script,
+                    clients: *clients,
+                    secs: args.runs.secs,
                     token,
-                    &body,
-                )
-                .await?
+                    body: &body,
+                };
+                pgbench(&puts, dir.path()).await?
             } else {
                 let targets = targets(*setup, &gw1, &gw2, &lb1, &lb2);
-                load(
-                    &targets,
-                    *clients,
-                    Duration::from_secs(args.secs),
-                    args.pages,
-                    token,
-                    &json,
-                    None,
-                )
-                .await?
+                load(targets, *clients, random(token), &json)
+                    .run(Duration::from_secs(args.runs.secs))
+                    .await?
+                    .run
             };
             let after = pids.cpu();
             let cpu = Cpu {
@@ -205,7 +188,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             eprintln!(
                 "run {}/{} c={clients:>2} {:<40} {:>7.0}/s",
                 r + 1,
-                args.repeats,
+                args.runs.repeats,
                 setup.label(),
                 run.per_sec()
             );
@@ -252,264 +235,27 @@ impl Pids {
     }
 }
 
-/// Which children's CPU counts with a process's own.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Children {
-    No,
-    /// Those it has waited for (their time is in its `cutime`/`cstime`).
-    Reaped,
-    /// Reaped ones and live ones (PostgreSQL forks a backend per connection).
-    All,
-}
-
-/// CPU seconds of `pid` (user + system), with `children` as said.
-fn cpu_of(pid: u32, children: Children) -> f64 {
-    // USER_HZ: the unit of /proc/PID/stat's times, 100 on Linux.
-    const TICKS: f64 = 100.0;
-    let fields = |pid: u32| -> Vec<u64> {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                let rest = s.rsplit_once(')')?.1.to_string();
-                // After the name: state is field 3; utime 14, stime 15, cutime 16, cstime 17.
-                Some(
-                    rest.split_whitespace()
-                        .skip(11)
-                        .take(4)
-                        .filter_map(|f| f.parse().ok())
-                        .collect(),
-                )
-            })
-            .unwrap_or_default()
-    };
-    let own = fields(pid);
-    let with_reaped = if children == Children::No { 2 } else { 4 };
-    let mut ticks: u64 = own.iter().take(with_reaped).sum();
-    if children == Children::All {
-        for child in children_of(pid) {
-            ticks += fields(child).iter().take(2).sum::<u64>();
-        }
-    }
-    ticks as f64 / TICKS
-}
-
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return vec![];
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| {
-                    s.rsplit_once(')')?
-                        .1
-                        .split_whitespace()
-                        .nth(1)?
-                        .parse::<u32>()
-                        .ok()
-                })
-                == Some(parent)
-        })
-        .collect()
-}
-
-/// `clients` keep-alive connections spread round-robin over `targets`, each
-/// PUTting random pages back to back for `secs`; or, with `once`, PUTting
-/// pages 1..=once exactly once between them (seeding).
-async fn load(
-    targets: &[SocketAddr],
-    clients: usize,
-    secs: Duration,
-    pages: u64,
-    token: u64,
-    json: &str,
-    once: Option<u64>,
-) -> anyhow::Result<Run> {
-    let start = Instant::now();
-    let deadline = start + secs;
-    let mut tasks = vec![];
-    for c in 0..clients {
-        let addr = targets[c % targets.len()];
-        let json = json.to_string();
-        tasks.push(tokio::spawn(async move {
-            let mut conn = HttpConn::connect(addr).await?;
-            let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (c as u64 + 1);
-            let mut latencies = vec![];
-            let mut k = c as u64;
-            loop {
-                let id = match once {
-                    Some(n) => {
-                        if k >= n {
-                            break;
-                        }
-                        k += clients as u64;
-                        k - clients as u64 + 1
-                    }
-                    None => {
-                        if Instant::now() >= deadline {
-                            break;
-                        }
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        rng % pages + 1
-                    }
-                };
-                let t0 = Instant::now();
-                let status = conn.put(id, token, &json).await?;
-                if !(200..300).contains(&status) {
-                    bail!("PUT /pages/{id} answered {status}");
-                }
-                latencies.push(t0.elapsed());
-            }
-            anyhow::Ok(latencies)
-        }));
-    }
-    let mut latencies = vec![];
-    for t in tasks {
-        latencies.extend(t.await??);
-    }
-    Ok(Run {
-        ops: latencies.len() as u64,
-        elapsed: start.elapsed(),
-        latencies,
-    })
-}
-
-/// One keep-alive HTTP/1.1 connection that only sends our PUT.
-struct HttpConn {
-    stream: tokio::io::BufReader<tokio::net::TcpStream>,
-    request: Vec<u8>,
-    line: String,
-    /// The API key of [`BENCH_CLIENT`].
-    key: String,
-}
-
-impl HttpConn {
-    async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Self {
-            stream: tokio::io::BufReader::new(stream),
-            request: Vec::with_capacity(512),
-            line: String::new(),
-            key: chaos::procs::api_key(BENCH_CLIENT),
-        })
-    }
-
-    async fn put(&mut self, id: u64, token: u64, json: &str) -> anyhow::Result<u16> {
-        use std::io::Write;
-        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-        self.request.clear();
-        write!(
-            self.request,
-            "PUT /pages/{id} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n\
-             fencing-token: {token}\r\nauthorization: Bearer {}\r\ncontent-length: {}\r\n\r\n{json}",
-            self.key,
-            json.len()
-        )?;
-        self.stream.get_mut().write_all(&self.request).await?;
-        self.line.clear();
-        self.stream.read_line(&mut self.line).await?;
-        let status: u16 = self
-            .line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .with_context(|| format!("bad status line {:?}", self.line))?;
-        let mut length = 0_usize;
-        loop {
-            self.line.clear();
-            if self.stream.read_line(&mut self.line).await? == 0 {
-                bail!("connection closed");
-            }
-            let l = self.line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    length = v.trim().parse()?;
-                }
-            }
-        }
-        let mut body = vec![0_u8; length];
-        self.stream.read_exact(&mut body).await?;
-        Ok(status)
+/// A load of fenced PUTs over `targets`, with the key of [`BENCH_CLIENT`].
+fn load(targets: Vec<SocketAddr>, clients: usize, pages: Pages, json: &Arc<str>) -> Load {
+    Load {
+        targets,
+        clients,
+        pages,
+        headers: Headers {
+            key: Some(chaos::procs::api_key(BENCH_CLIENT)),
+            ..Headers::default()
+        },
+        json: json.clone(),
+        count_unavailable: false,
     }
 }
 
-/// The gateway's statement with pgbench variables for its parameters.
-fn pgbench_sql() -> String {
-    let mut sql: String = gateway::store::FENCED_ACCESS
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    for (param, var) in [
-        ("$8", "(:client::text)"),
-        ("$7", "(:enforce::boolean)"),
-        ("$6", "(null::bigint)"),
-        ("$5", "(:issuer::text)"),
-        ("$4", "(:tok::bigint)"),
-        ("$3", "(:body::text)"),
-        ("$2", "(:method::text)"),
-        ("$1", "(:id::text)"),
-    ] {
-        sql = sql.replace(param, var);
-    }
-    sql
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn pgbench(
-    pg: &Postgres,
-    db: &str,
-    script: &Path,
-    dir: &Path,
-    clients: usize,
-    secs: u64,
-    token: u64,
-    body: &str,
-) -> anyhow::Result<Run> {
-    let out = tokio::process::Command::new(harness::postgres::pgbench())
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &pg.port().to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            db,
-        ])
-        .args(["-n", "-M", "prepared"])
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-j",
-            &clients.min(2).to_string(),
-        ])
-        .args(["-T", &secs.to_string()])
-        .args(["-D", "method=PUT", "-D", &format!("body={body}")])
-        .args(["-D", &format!("tok={token}"), "-D", "issuer=default"])
-        .args(["-D", "enforce=true", "-D", "client=pgbench"])
-        .arg("-f")
-        .arg(script)
-        .current_dir(dir)
-        .kill_on_drop(true)
-        .output()
+/// pgbench doing `puts` (in `dir`): its rate, and its mean latency as the
+/// one sample it reports.
+async fn pgbench(puts: &FencedPuts<'_>, dir: &Path) -> anyhow::Result<Run> {
+    let stdout = output(puts.command().current_dir(dir))
         .await
         .context("run pgbench")?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!(
-            "pgbench failed: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
     let tx: u64 = stdout
         .lines()
         .find_map(|l| l.strip_prefix("number of transactions actually processed: "))

@@ -1,6 +1,23 @@
 //! Latency samples and the figures quoted from them.
 
+use std::future::Future;
 use std::time::Duration;
+
+use anyhow::Context;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How long each measured run lasts, and how many of each there are
+/// (`bench gateway`, `trust`, `scale`).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct Repeats {
+    /// Seconds per measured run.
+    #[arg(long, default_value_t = 5)]
+    pub secs: u64,
+    /// Runs of each figure (figures are medians).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+}
 
 /// The outcome of one measured run: how many operations in how long, and each
 /// operation's latency.
@@ -12,6 +29,45 @@ pub struct Run {
 }
 
 impl Run {
+    /// The operations whose latencies these are, done in `elapsed`.
+    pub fn of(latencies: Vec<Duration>, elapsed: Duration) -> Run {
+        Run {
+            ops: latencies.len() as u64,
+            elapsed,
+            latencies,
+        }
+    }
+
+    /// Tasks that run side by side since `start` (all spawned already), each
+    /// with its latencies.
+    pub async fn joined(
+        start: Instant,
+        tasks: Vec<JoinHandle<anyhow::Result<Vec<Duration>>>>,
+    ) -> anyhow::Result<Run> {
+        let mut latencies = Vec::new();
+        for task in tasks {
+            latencies.extend(task.await.context("bench task panicked")??);
+        }
+        Ok(Run::of(latencies, start.elapsed()))
+    }
+
+    /// `op` back to back for `secs`, one sample per call.
+    pub async fn timed<F, Fut>(secs: Duration, mut op: F) -> anyhow::Result<Run>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = anyhow::Result<()>>,
+    {
+        let start = Instant::now();
+        let end = start + secs;
+        let mut latencies = Vec::new();
+        while Instant::now() < end {
+            let t0 = Instant::now();
+            op().await?;
+            latencies.push(t0.elapsed());
+        }
+        Ok(Run::of(latencies, start.elapsed()))
+    }
+
     pub fn per_sec(&self) -> f64 {
         if self.elapsed.is_zero() {
             return 0.0;

@@ -6,7 +6,7 @@
 //! held to the end), and every PUT carries that page's token. Three gateways
 //! on the same database and the same pages, measured alternately in one run:
 //!
-//! - **no key**: authentication off, no issuer: the gateway before issue 12;
+//! - **no key**: authentication off, no issuer: the gateway with neither;
 //! - **keys**: the writer's key required (SHA-256 digest, constant-time
 //!   compare), no issuer;
 //! - **keys + issuer**: the same, and before every fenced statement the
@@ -15,8 +15,8 @@
 //!
 //! The gateways run in this process (their own tokio tasks), the lock
 //! services and PostgreSQL as real servers on this machine, and the load comes
-//! from keep-alive HTTP/1.1 connections (a minimal client on raw TCP, like
-//! `bench gateway`'s, so that it takes little of the shared CPU). Before
+//! from keep-alive HTTP/1.1 connections ([`crate::http`], as `bench
+//! gateway`'s, so that it takes little of the shared CPU). Before
 //! measuring, the run proves that each gateway does what its name says (a key
 //! is refused where required, a token nobody holds is refused where issuers
 //! are asked). Every answer must be 2xx, except 503 `issuer_unavailable` (the
@@ -26,9 +26,8 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use chaos::Backend;
@@ -39,16 +38,14 @@ use fencelock::zookeeper::ZooKeeperLock;
 use fencelock::{AcquireOptions, Lease, LockService};
 use gateway::{AuthMode, FenceCheck, GatewayOptions, RunningGateway};
 
-use crate::stats::{median, ms, spread, Run};
+use crate::http::{Headers, Load, Pages};
+use crate::stats::{median, ms, spread, Repeats, Run};
+use crate::{machine, sections};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Seconds per measured run.
-    #[arg(long, default_value_t = 5)]
-    secs: u64,
-    /// Runs per gateway and backend (figures are medians).
-    #[arg(long, default_value_t = 3)]
-    repeats: usize,
+    #[command(flatten)]
+    runs: Repeats,
     /// HTTP connections writing at once: one row per count. One connection
     /// shows the check's latency alone; more show it under concurrency.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
@@ -205,7 +202,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             tokens.push(lease.token().context("a fencing token")?.get());
             leases.push(lease);
         }
-        let tokens = Arc::new(tokens);
+        let pages = Pages::Held(Arc::new(tokens));
 
         let db = pg.create_database().await;
         let mut gateways: Vec<(Variant, RunningGateway)> = Vec::new();
@@ -231,7 +228,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("{backend}: seeding and warming up");
         for (v, gw) in &gateways {
             let c = args.clients.iter().copied().max().unwrap_or(1);
-            load(gw.addr(), *v, issuer, &tokens, c, Duration::from_secs(1)).await?;
+            load(gw.addr(), *v, issuer, &pages, c)
+                .run(Duration::from_secs(1))
+                .await?;
         }
         let mut backend_rows: Vec<Row> = args
             .clients
@@ -244,23 +243,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 answers: 0,
             })
             .collect();
-        for r in 0..args.repeats {
+        for r in 0..args.runs.repeats {
             for row in backend_rows.iter_mut() {
                 for (v, gw) in &gateways {
-                    let (run, unavailable) = load(
-                        gw.addr(),
-                        *v,
-                        issuer,
-                        &tokens,
-                        row.clients,
-                        Duration::from_secs(args.secs),
-                    )
-                    .await?;
+                    let load = load(gw.addr(), *v, issuer, &pages, row.clients);
+                    let out = load.run(Duration::from_secs(args.runs.secs)).await?;
+                    let (run, unavailable) = (out.run, out.unavailable);
                     eprintln!(
                         "{backend} c={} run {}/{}: {:<14} {:>7.0} PUT/s  p50 {}  p99 {}  ({unavailable} x 503)",
                         row.clients,
                         r + 1,
-                        args.repeats,
+                        args.runs.repeats,
                         label(*v),
                         run.per_sec(),
                         ms(run.p50()),
@@ -286,7 +279,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let table = table(&rows);
     println!("{table}");
     if !args.no_write {
-        write_section(&section_text(&args, &table))?;
+        sections::write_section(HEADING, &section_text(&args, &table), Some("## Gateway:"))?;
         eprintln!("wrote the section \"{HEADING}\" of docs/BENCHMARKS.md");
     }
     Ok(())
@@ -326,131 +319,21 @@ async fn prove(v: Variant, gw: &RunningGateway, issuer: &str) -> anyhow::Result<
     Ok(())
 }
 
-/// `clients` keep-alive connections PUTting random held pages for `secs`:
-/// the accepted PUTs, and how many were answered 503 `issuer_unavailable`.
-async fn load(
-    addr: SocketAddr,
-    v: Variant,
-    issuer: &'static str,
-    tokens: &Arc<Vec<u64>>,
-    clients: usize,
-    secs: Duration,
-) -> anyhow::Result<(Run, u64)> {
-    let start = Instant::now();
-    let deadline = start + secs;
-    let json = serde_json::json!({ "body": "x".repeat(BODY_LEN) }).to_string();
-    let mut tasks = Vec::new();
-    for c in 0..clients {
-        let tokens = tokens.clone();
-        let json = json.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::connect(addr).await?;
-            let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (c as u64 + 1);
-            let mut latencies = Vec::new();
-            let mut unavailable = 0_u64;
-            while Instant::now() < deadline {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                let i = (rng % tokens.len() as u64) as usize;
-                let t0 = Instant::now();
-                let key = v.keyed().then_some(KEY);
-                let (status, body) = conn
-                    .put(i as u64 + 1, tokens[i], issuer, key, &json)
-                    .await?;
-                if status == 503 && body.contains("issuer_unavailable") {
-                    unavailable += 1;
-                    continue;
-                }
-                if !(200..300).contains(&status) {
-                    bail!("PUT /pages/{} answered {status}: {body}", i + 1);
-                }
-                latencies.push(t0.elapsed());
-            }
-            anyhow::Ok((latencies, unavailable))
-        }));
-    }
-    let mut latencies = Vec::new();
-    let mut unavailable = 0;
-    for t in tasks {
-        let (l, u) = t.await??;
-        latencies.extend(l);
-        unavailable += u;
-    }
-    let run = Run {
-        ops: latencies.len() as u64,
-        elapsed: start.elapsed(),
-        latencies,
-    };
-    Ok((run, unavailable))
-}
-
-/// One keep-alive HTTP/1.1 connection that sends fenced PUTs.
-struct Conn {
-    stream: tokio::io::BufReader<tokio::net::TcpStream>,
-    request: Vec<u8>,
-    line: String,
-}
-
-impl Conn {
-    async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Self {
-            stream: tokio::io::BufReader::new(stream),
-            request: Vec::with_capacity(512),
-            line: String::new(),
-        })
-    }
-
-    async fn put(
-        &mut self,
-        id: u64,
-        token: u64,
-        issuer: &str,
-        key: Option<&str>,
-        json: &str,
-    ) -> anyhow::Result<(u16, String)> {
-        use std::io::Write;
-        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-        self.request.clear();
-        write!(
-            self.request,
-            "PUT /pages/{id} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n\
-             fencing-token: {token}\r\nfencing-issuer: {issuer}\r\n"
-        )?;
-        if let Some(key) = key {
-            write!(self.request, "authorization: Bearer {key}\r\n")?;
-        }
-        write!(self.request, "content-length: {}\r\n\r\n{json}", json.len())?;
-        self.stream.get_mut().write_all(&self.request).await?;
-        self.line.clear();
-        self.stream.read_line(&mut self.line).await?;
-        let status: u16 = self
-            .line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .with_context(|| format!("bad status line {:?}", self.line))?;
-        let mut length = 0_usize;
-        loop {
-            self.line.clear();
-            if self.stream.read_line(&mut self.line).await? == 0 {
-                bail!("connection closed");
-            }
-            let l = self.line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    length = v.trim().parse()?;
-                }
-            }
-        }
-        let mut body = vec![0_u8; length];
-        self.stream.read_exact(&mut body).await?;
-        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+/// A load of fenced PUTs of the held `pages` on the gateway at `addr`, with
+/// the key where the variant needs one; the answers 503
+/// `issuer_unavailable` (the gateway failed closed) are counted.
+fn load(addr: SocketAddr, v: Variant, issuer: &str, pages: &Pages, clients: usize) -> Load {
+    Load {
+        targets: vec![addr],
+        clients,
+        pages: pages.clone(),
+        headers: Headers {
+            issuer: Some(issuer.to_owned()),
+            key: v.keyed().then(|| KEY.to_owned()),
+            ..Headers::default()
+        },
+        json: Load::json_of_len(BODY_LEN),
+        count_unavailable: true,
     }
 }
 
@@ -507,12 +390,8 @@ fn table(rows: &[Row]) -> String {
 }
 
 fn section_text(args: &Args, table: &str) -> String {
-    let date = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let date = machine::utc_now();
+    let cpus = machine::cpus();
     let clients: Vec<String> = args.clients.iter().map(usize::to_string).collect();
     let clients = clients.join(",");
     let backends: String = args
@@ -520,9 +399,7 @@ fn section_text(args: &Args, table: &str) -> String {
         .iter()
         .map(|b| format!(" --backend {b}"))
         .collect();
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default();
+    let load = machine::load_average();
     format!(
         "Command: `cargo run --release -p bench -- trust` \
          (here: `--secs {} --repeats {} --clients {clients} --pages {}{backends}`)\n\n\
@@ -534,7 +411,7 @@ fn section_text(args: &Args, table: &str) -> String {
          `page:<id>` of each of {} pages from the backend's real server (client `bench`) and \
          holds them; every PUT writes a random one of those pages with its token. Three \
          gateways on the same database, measured alternately in one run: **no key** \
-         (authentication off, no issuer: the gateway before issue 12), **keys** (the writer's \
+         (authentication off, no issuer), **keys** (the writer's \
          key required, no issuer), **keys + issuer** (and before each fenced statement the \
          gateway asks the backend's server whether `bench` holds `page:<id>` with exactly that \
          token: one Redis `GET`; a ZooKeeper `sync` and `getChildren` (sent together), then \
@@ -547,57 +424,14 @@ fn section_text(args: &Args, table: &str) -> String {
          did not answer within the gateway's default issuer timeout, 500 ms: the gateway \
          failed closed) among all answers; any other answer than 2xx fails the run.\n\n\
          {table}",
-        args.secs,
-        args.repeats,
+        args.runs.secs,
+        args.runs.repeats,
         args.pages,
         gateway::DEFAULT_POOL_SIZE,
         args.pages,
-        args.repeats,
-        args.secs,
+        args.runs.repeats,
+        args.runs.secs,
     )
 }
 
 const HEADING: &str = "## What the issuer check costs";
-
-/// Replace the body of this section (or add it after the Gateway section),
-/// leaving the other sections alone; keep notes after a line "Notes:".
-fn write_section(body: &str) -> anyhow::Result<()> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/BENCHMARKS.md");
-    let text = std::fs::read_to_string(&path)?;
-    let new = match text.find(HEADING) {
-        Some(at) => {
-            let start = at + HEADING.len();
-            let end = text[start..]
-                .find("\n## ")
-                .map_or(text.len(), |i| start + i + 1);
-            let old = &text[start..end];
-            let notes = old
-                .find("\nNotes:")
-                .map(|i| old[i..].trim_end().to_owned() + "\n")
-                .unwrap_or_default();
-            format!(
-                "{}{HEADING}\n\n{}\n{notes}\n{}",
-                &text[..at],
-                body.trim_end(),
-                &text[end..]
-            )
-        }
-        None => {
-            // After the Gateway section: the next "## " after its heading.
-            let gateway = text
-                .find("## Gateway:")
-                .context("the Gateway section of docs/BENCHMARKS.md")?;
-            let next = text[gateway + 3..]
-                .find("\n## ")
-                .map_or(text.len(), |i| gateway + 3 + i + 1);
-            format!(
-                "{}{HEADING}\n\n{}\n\n{}",
-                &text[..next],
-                body.trim_end(),
-                &text[next..]
-            )
-        }
-    };
-    std::fs::write(&path, new)?;
-    Ok(())
-}

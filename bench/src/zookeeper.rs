@@ -15,23 +15,20 @@
 //! own `KazooClient`. (Sharing one session would queue every contender's reads
 //! behind the others' writes: ZooKeeper answers one session in order.)
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::anyhow;
 use fencelock::zookeeper::ZooKeeperLock;
 use fencelock::AcquireOptions;
 use harness::ZooKeeper;
-use tokio::process::Command;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::locks;
+use crate::peers;
 use crate::stats::{median, ms, spread, Run};
-use crate::tools::{self, output};
 
-/// The pinned version of the Python peer.
-const KAZOO: &str = "kazoo==2.11.0";
 const SESSION: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, clap::Args)]
@@ -87,13 +84,7 @@ impl Row {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let secs = Duration::from_secs(args.seconds);
     let n = args.contenders;
-    let python = match &args.python {
-        Some(p) => Ok(p.clone()),
-        None => kazoo_venv().await,
-    };
-    if let Err(e) = &python {
-        eprintln!("kazoo peer unavailable: {e:#}");
-    }
+    let python = peers::python(&args.python, "kazoo-venv", "kazoo", &[peers::KAZOO]).await;
     eprintln!("starting ZooKeeper ...");
     let server = ZooKeeper::start().await;
     let cs = server.connect_string();
@@ -129,10 +120,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if let Ok(py) = &python {
             rows[2]
                 .runs
-                .push(kazoo(py, &cs, 1, secs, &format!("u{round}")).await?);
+                .push(peers::kazoo_lock(py, &cs, 1, secs, &format!("u{round}")).await?);
             rows[3]
                 .runs
-                .push(kazoo(py, &cs, n, secs, &format!("c{round}")).await?);
+                .push(peers::kazoo_lock(py, &cs, n, secs, &format!("c{round}")).await?);
         }
     }
     print_table(&rows, &args);
@@ -155,15 +146,7 @@ async fn ours(locks: &[ZooKeeperLock], secs: Duration, name: &str) -> anyhow::Re
             locks::acquire_release_until(&lock, &name, opts, end).await
         }));
     }
-    let mut latencies = Vec::new();
-    for j in joins {
-        latencies.extend(j.await??);
-    }
-    Ok(Run {
-        ops: latencies.len() as u64,
-        elapsed: start.elapsed(),
-        latencies,
-    })
+    Run::joined(start, joins).await
 }
 
 /// The limit: create EPHEMERAL_SEQUENTIAL, getChildren, delete, one at a time.
@@ -178,19 +161,7 @@ async fn raw(client: &zk::Client, secs: Duration, name: &str) -> anyhow::Result<
         .map_err(|e| anyhow!("mkdir {parent}: {e}"))?;
     let prefix = format!("{parent}/n-");
     let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-    let start = Instant::now();
-    let end = start + secs;
-    let mut latencies = Vec::new();
-    while Instant::now() < end {
-        let t0 = Instant::now();
-        raw_once(client, &parent, &prefix, &mode, "").await?;
-        latencies.push(t0.elapsed());
-    }
-    Ok(Run {
-        ops: latencies.len() as u64,
-        elapsed: start.elapsed(),
-        latencies,
-    })
+    Run::timed(secs, || raw_once(client, &parent, &prefix, &mode, "")).await
 }
 
 /// One raw round of the lock recipe's requests: create `prefix`N with `mode`,
@@ -215,64 +186,6 @@ pub(crate) async fn raw_once(
         .await
         .map_err(|e| anyhow!("{what}delete: {e}"))?;
     Ok(())
-}
-
-const PY_KAZOO: &str = r#"
-import json, sys, threading, time
-from kazoo.client import KazooClient
-hosts, clients, secs, name = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-path = "/kazoo-bench/" + name
-zks = [KazooClient(hosts=hosts, timeout=10.0) for _ in range(clients)]
-for zk in zks:
-    zk.start()
-zks[0].ensure_path(path)
-lat, guard = [], threading.Lock()
-start = time.perf_counter()
-end = start + secs
-def work(i):
-    lock = zks[i].Lock(path, "c%d" % i)
-    mine = []
-    while time.perf_counter() < end:
-        t0 = time.perf_counter()
-        if not lock.acquire(timeout=30):
-            raise SystemExit("not acquired")
-        lock.release()
-        mine.append(time.perf_counter() - t0)
-    with guard:
-        lat.extend(mine)
-threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
-for t in threads: t.start()
-for t in threads: t.join()
-elapsed = time.perf_counter() - start
-for zk in zks:
-    zk.stop()
-print(json.dumps({"elapsed": elapsed, "lat": lat}))
-"#;
-
-/// The peer: kazoo's `Lock` acquire+release in a loop by `clients` threads.
-async fn kazoo(
-    python: &Path,
-    hosts: &str,
-    clients: usize,
-    secs: Duration,
-    name: &str,
-) -> anyhow::Result<Run> {
-    let out = output(
-        Command::new(python)
-            .arg("-c")
-            .arg(PY_KAZOO)
-            .arg(hosts)
-            .arg(clients.to_string())
-            .arg(secs.as_secs_f64().to_string())
-            .arg(name),
-    )
-    .await?;
-    tools::parse_python_peer(&out, "kazoo peer output")
-}
-
-/// A venv under `target/` with the pinned `kazoo`, created on first use.
-async fn kazoo_venv() -> anyhow::Result<PathBuf> {
-    tools::python_venv("kazoo-venv", "kazoo", &[KAZOO]).await
 }
 
 /// Median over rounds of `row`'s rate divided by `base`'s rate in the same

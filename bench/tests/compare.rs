@@ -33,7 +33,7 @@ fn quick_compare_measures_redis_and_marks_skipped_parts_not_measured() {
             .unwrap_or_else(|_| panic!("{what} is not a number in {row}"));
         assert!(rate > 0.0, "{what} rate {rate} in {row}");
     }
-    // Issue 13: fair beside non-fair, and the hot page, both variants.
+    // Fair beside non-fair, and the hot page, both variants.
     let fairness = md
         .lines()
         .find(|l| l.starts_with("| Redis | ") && l.ends_with("× |") && !l.contains("fair"))

@@ -18,11 +18,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::lease_table::LeaseTable;
+use fencelock::lease_table::{LeaseTable, LeaseTableOptions};
 use fencelock::redis::RedisLock;
 use fencelock::redis_sentinel::RedisSentinelLock;
 use fencelock::zookeeper::ZooKeeperLock;
-use fencelock::{Holder, HolderLookup, LockError};
+use fencelock::{Backend, Holder, HolderLookup, LockError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -45,41 +45,18 @@ pub fn lock_name(page: &str) -> String {
     format!("page:{page}")
 }
 
-/// Which kind of lock service an issuer URL names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// `redis://host:port[/db]`
-    Redis,
-    /// `zookeeper://host:port[,host:port...]`
-    ZooKeeper,
-    /// `redis-sentinel://host:port[,host:port...]/MASTER`: the sentinels and
-    /// the name of the master they watch; the lookup asks whichever server
-    /// they name as master now (after a failover, the promoted one).
-    RedisSentinel,
-    /// `postgres://...` (or `postgresql://`): the lease table `fencelock_leases`.
-    LeasePostgres,
-    /// `mysql://...` (or `mariadb://`): the lease table `fencelock_leases`.
-    LeaseMysql,
-}
-
-impl Backend {
-    /// The `Fencing-Issuer` this backend's leases carry ([`fencelock::Lease::issuer`]).
-    pub fn lease_issuer(self) -> &'static str {
-        match self {
-            Backend::Redis => fencelock::redis::ISSUER,
-            Backend::ZooKeeper => fencelock::zookeeper::ISSUER,
-            Backend::RedisSentinel => fencelock::redis_sentinel::ISSUER,
-            Backend::LeasePostgres => fencelock::lease_table::ISSUER_POSTGRES,
-            Backend::LeaseMysql => fencelock::lease_table::ISSUER_MYSQL,
-        }
-    }
-}
-
 /// One configured issuer: `NAME=URL`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct IssuerSpec {
     pub name: String,
     pub url: String,
+    /// Picked by the URL's scheme: `redis://host:port[/db]`;
+    /// `zookeeper://host:port[,host:port...]` (or `zk://`);
+    /// `redis-sentinel://host:port[,host:port...]/MASTER` (or `sentinel://`:
+    /// the sentinels and the name of the master they watch; the lookup asks
+    /// whichever server they name as master now); `postgres://` (or
+    /// `postgresql://`) and `mysql://` (or `mariadb://`): the lease table
+    /// `fencelock_leases`. Never Redlock, which mints no token.
     pub backend: Backend,
 }
 
@@ -117,16 +94,11 @@ impl FromStr for IssuerSpec {
         let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
         let backend = match scheme.as_deref() {
             Some("redis") => Backend::Redis,
-            Some("zookeeper") | Some("zk") => Backend::ZooKeeper,
+            Some("zookeeper") | Some("zk") => Backend::Zookeeper,
             Some("redis-sentinel") | Some("sentinel") => Backend::RedisSentinel,
             Some("postgres") | Some("postgresql") => Backend::LeasePostgres,
             Some("mysql") | Some("mariadb") => Backend::LeaseMysql,
-            Some("redlock") => {
-                return Err(format!(
-                    "issuer {name:?}: Redlock cannot be an issuer: it mints no fencing token \
-                     (its leases are unfenced), so there is nothing to check a token against"
-                ))
-            }
+            Some("redlock") => Backend::Redlock,
             _ => {
                 return Err(format!(
                     "issuer {name:?}: its URL must start with redis://, zookeeper://, \
@@ -134,7 +106,13 @@ impl FromStr for IssuerSpec {
                 ))
             }
         };
-        if backend == Backend::ZooKeeper && zookeeper_hosts(url).is_empty() {
+        if !backend.mints_tokens() {
+            return Err(format!(
+                "issuer {name:?}: Redlock cannot be an issuer: it mints no fencing token \
+                 (its leases are unfenced), so there is nothing to check a token against"
+            ));
+        }
+        if backend == Backend::Zookeeper && zookeeper_hosts(url).is_empty() {
             return Err(format!(
                 "issuer {name:?}: zookeeper://host:port[,host:port...] names no server"
             ));
@@ -177,33 +155,28 @@ fn sentinel_parts(url: &str) -> (Vec<String>, &str) {
 }
 
 async fn connect(spec: &IssuerSpec) -> Result<Arc<dyn HolderLookup>, LockError> {
+    let lease_table = LeaseTableOptions::default().max_connections(LEASE_TABLE_CONNECTIONS);
     Ok(match spec.backend {
         Backend::Redis => Arc::new(RedisLock::connect(&spec.url).await?),
         // One lookup finds the holder of either variant (the fair queue's
         // head, or the non-fair lock's fixed node): fencelock's lookup.
-        Backend::ZooKeeper => {
+        Backend::Zookeeper => {
             Arc::new(ZooKeeperLock::connect(zookeeper_hosts(&spec.url), ZOOKEEPER_SESSION).await?)
         }
         Backend::RedisSentinel => {
             let (sentinels, master) = sentinel_parts(&spec.url);
             Arc::new(RedisSentinelLock::connect(&sentinels, master).await?)
         }
-        Backend::LeasePostgres => Arc::new(
-            LeaseTable::postgres_with(
-                &spec.url,
-                fencelock::lease_table::LeaseTableOptions::default()
-                    .max_connections(LEASE_TABLE_CONNECTIONS),
-            )
-            .await?,
-        ),
-        Backend::LeaseMysql => Arc::new(
-            LeaseTable::mysql_with(
-                &spec.url,
-                fencelock::lease_table::LeaseTableOptions::default()
-                    .max_connections(LEASE_TABLE_CONNECTIONS),
-            )
-            .await?,
-        ),
+        Backend::LeasePostgres => {
+            Arc::new(LeaseTable::postgres_with(&spec.url, lease_table).await?)
+        }
+        Backend::LeaseMysql => Arc::new(LeaseTable::mysql_with(&spec.url, lease_table).await?),
+        // Refused when the spec was parsed.
+        Backend::Redlock => {
+            return Err(LockError::InvalidConfig(
+                "Redlock cannot be an issuer: it mints no fencing token".into(),
+            ))
+        }
     })
 }
 
@@ -322,7 +295,7 @@ async fn keep_connecting(spec: IssuerSpec, tx: watch::Sender<Connection>) {
         let result = match tokio::time::timeout(CONNECT_ATTEMPT, connect(&spec)).await {
             Ok(r) => r,
             Err(_) => Err(LockError::unavailable(
-                spec.backend.lease_issuer(),
+                spec.backend.name(),
                 format!("connecting took longer than {CONNECT_ATTEMPT:?}"),
             )),
         };
@@ -421,21 +394,25 @@ mod tests {
 
     #[test]
     fn issuer_specs_pick_their_backend_by_scheme() {
+        for (spec, backend) in [
+            ("redis=redis://r:6379", Backend::Redis),
+            ("zk=zk://zk1:2181", Backend::Zookeeper),
+            ("rs=sentinel://s1:26379/mymaster", Backend::RedisSentinel),
+            ("lp=postgresql://u@db/pages", Backend::LeasePostgres),
+            ("lease-mysql=mysql://root@m/locks", Backend::LeaseMysql),
+            ("lm=mariadb://root@m/locks", Backend::LeaseMysql),
+        ] {
+            let parsed: IssuerSpec = spec.parse().unwrap();
+            assert_eq!(parsed.backend, backend, "{spec}");
+        }
         let spec: IssuerSpec = "zookeeper=zookeeper://zk1:2181,zk2:2181/".parse().unwrap();
-        assert_eq!(spec.backend, Backend::ZooKeeper);
+        assert_eq!(spec.backend, Backend::Zookeeper);
         assert_eq!(zookeeper_hosts(&spec.url), "zk1:2181,zk2:2181");
         let spec: IssuerSpec = "lease-postgres=postgres://u:secret@db/pages"
             .parse()
             .unwrap();
         assert_eq!(spec.backend, Backend::LeasePostgres);
         assert!(!format!("{spec:?}").contains("secret"));
-        assert_eq!(
-            "redis=redis://r:6379"
-                .parse::<IssuerSpec>()
-                .unwrap()
-                .backend,
-            Backend::Redis
-        );
         let spec: IssuerSpec = "redis-sentinel=redis-sentinel://s1:26379,s2:26379/mymaster"
             .parse()
             .unwrap();
@@ -444,35 +421,21 @@ mod tests {
             sentinel_parts(&spec.url),
             (vec!["s1:26379".to_string(), "s2:26379".into()], "mymaster")
         );
-        assert_eq!(
-            "lease-mysql=mysql://root@m/locks"
-                .parse::<IssuerSpec>()
-                .unwrap()
-                .backend,
-            Backend::LeaseMysql
-        );
     }
 
     #[test]
     fn redlock_and_unknown_schemes_are_refused_with_the_reason() {
-        let e = "redlock=redlock://a:6379"
-            .parse::<IssuerSpec>()
-            .unwrap_err();
-        assert!(e.contains("mints no fencing token"), "{e}");
-        let e = "x=http://a".parse::<IssuerSpec>().unwrap_err();
-        assert!(e.contains("must start with"), "{e}");
-        let e = "Redis=redis://a".parse::<IssuerSpec>().unwrap_err();
-        assert!(e.contains("[a-z0-9._:-]"), "{e}");
-        let e = "rs=redis-sentinel://s1:26379"
-            .parse::<IssuerSpec>()
-            .unwrap_err();
-        assert!(e.contains("master's name"), "{e}");
-        let e = "rs=redis-sentinel:///mymaster"
-            .parse::<IssuerSpec>()
-            .unwrap_err();
-        assert!(e.contains("at least one sentinel"), "{e}");
-        let e = "redis".parse::<IssuerSpec>().unwrap_err();
-        assert!(e.contains("NAME=URL"), "{e}");
+        for (spec, said) in [
+            ("redlock=redlock://a:6379", "mints no fencing token"),
+            ("x=http://a", "must start with"),
+            ("Redis=redis://a", "[a-z0-9._:-]"),
+            ("rs=redis-sentinel://s1:26379", "master's name"),
+            ("rs=redis-sentinel:///mymaster", "at least one sentinel"),
+            ("redis", "NAME=URL"),
+        ] {
+            let e = spec.parse::<IssuerSpec>().unwrap_err();
+            assert!(e.contains(said), "{spec}: {e}");
+        }
         let e = "lp=postgres:/u:pw@x".parse::<IssuerSpec>().unwrap_err();
         assert!(!e.contains("pw"), "{e}");
     }

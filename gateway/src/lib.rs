@@ -7,7 +7,7 @@
 //! is answered 409 and changes nothing. The check, the write and the history
 //! row are one SQL statement, so any number of gateways can share a database.
 //!
-//! Before that statement, two checks keep the fence honest (issue 12):
+//! Before that statement, two checks keep the fence honest:
 //! - **Authentication**: a PUT, and any request carrying `Fencing-Token`,
 //!   needs `Authorization: Bearer <key>`; the key's client is the writer the
 //!   history records. Keys are kept as SHA-256 digests, compared in constant
@@ -35,15 +35,19 @@
 //!   common case, `sql/fenced_access_locked.sql` and
 //!   `sql/fenced_access_insert.sql` its fallbacks; each carries its safety
 //!   argument in its header comment.
-//! - [`http`]: routes, header and body validation, the issuer check
-//!   (`check_with_issuer`, with why check-then-write is safe), the request
-//!   deadline (`outcome_unknown` once a statement was sent), responses.
+//! - [`http`]: the routes by resource (pages, history, admin, health), each
+//!   with its `router()`; header and body validation ([`http::extractors`]);
+//!   the issuer check (`http/issuer_check.rs`, with why check-then-write is
+//!   safe); the request deadline (`http/deadline.rs`: `outcome_unknown` once
+//!   a statement was sent); the description assembled from those routes.
 //! - [`error`]: [`ApiError`], every rejection with its status and JSON body;
 //!   `ErrorCode`, the one list of codes the description enumerates.
-//! - [`openapi`]: the OpenAPI 3.1 description made from the routes'
-//!   annotations (`GET /openapi.json`) and Swagger UI (`GET /docs/`).
+//! - [`openapi`]: how the routes' annotations become the OpenAPI 3.1
+//!   description (`GET /openapi.json`), the error responses, and Swagger UI
+//!   (`GET /docs/`).
 //! - [`metrics`]: the Prometheus registry behind `GET /metrics`.
-//! - [`dashboard`]: the live page at `/dashboard` and its event stream.
+//! - [`dashboard`]: the live page at `/dashboard` and its event stream (the
+//!   page, the stream, the snapshot and polls, the tail).
 //!
 //! # HTTP API
 //! - `GET /pages/{id}`: `{"id","body","version","fence"}` with `ETag: "<version>"`.
@@ -78,7 +82,7 @@
 //! the request waits `--outcome-wait` more for it and answers its result, or
 //! else 504 `outcome_unknown` (the write may land: read before retrying).
 //!
-//! Rejections of issue 12: 401 `unauthorized` (with `WWW-Authenticate:
+//! Rejections of the authentication and the issuer check: 401 `unauthorized` (with `WWW-Authenticate:
 //! Bearer`), 403 `client_id_mismatch` (and `forbidden` on the admin endpoint),
 //! 409 `unknown_issuer`, 409 `token_not_current`, 503 `issuer_unavailable`
 //! (an issuer unreachable, erroring or slower than the issuer timeout: fail
@@ -310,7 +314,7 @@ impl Drop for RunningGateway {
 
 /// Connect, migrate, bind 127.0.0.1:0 and serve in a task: a whole gateway
 /// for tests and benchmarks. Authentication off and no issuer checks (the
-/// gateway before issue 12); see [`spawn_with_options`] for keys and issuers.
+/// gateway without authentication); see [`spawn_with_options`] for keys and issuers.
 pub async fn spawn(database_url: &str, fencing: FenceCheck) -> anyhow::Result<RunningGateway> {
     spawn_with_options(database_url, GatewayOptions::new(fencing)).await
 }

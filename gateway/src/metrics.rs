@@ -4,9 +4,8 @@
 use std::time::Instant;
 
 use axum::extract::{Request, State};
-use axum::http::header::CONTENT_TYPE;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -144,14 +143,12 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// The Prometheus text format.
-    pub fn render(&self) -> Response {
+    /// The Prometheus text format: its content type, and the text.
+    pub fn render(&self) -> Result<(String, Vec<u8>), prometheus::Error> {
         let mut buf = Vec::new();
         let encoder = TextEncoder::new();
-        if let Err(e) = encoder.encode(&self.registry.gather(), &mut buf) {
-            return crate::ApiError::Internal(format!("encode metrics: {e}")).into_response();
-        }
-        ([(CONTENT_TYPE, encoder.format_type().to_string())], buf).into_response()
+        encoder.encode(&self.registry.gather(), &mut buf)?;
+        Ok((encoder.format_type().to_string(), buf))
     }
 }
 

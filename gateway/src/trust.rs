@@ -24,7 +24,7 @@ pub struct TrustOptions {
 }
 
 impl TrustOptions {
-    /// Authentication off, no keys, no issuers: the gateway before issue 12.
+    /// Authentication off, no keys, no issuers: as a gateway without either.
     pub fn off() -> Self {
         TrustOptions {
             auth: AuthMode::Off,
@@ -149,7 +149,7 @@ fn log_startup(o: &TrustOptions, fencing: FenceCheck) {
         (FenceCheck::Enforce, false) => {
             tracing::info!(issuers = ?o.issuers, timeout = ?o.issuer_timeout, "fencing tokens are checked with their issuers");
             for spec in &o.issuers {
-                let expected = spec.backend.lease_issuer();
+                let expected = spec.backend.name();
                 if spec.name != expected {
                     tracing::warn!(
                         "issuer {:?} is a {:?} backend, whose leases carry Fencing-Issuer {expected:?}: \

@@ -1,4 +1,4 @@
-//! The hot page (issue 13): one page, fenced edits through a real gateway,
+//! The hot page: one page, fenced edits through a real gateway,
 //! by one worker alone and by three together, with the fair and the
 //! non-fair variant of a lock. The question is whether the lock shares the
 //! page (every worker gets edits) and wastes little of it (three together
@@ -28,7 +28,7 @@ use fencelock::{LockService, WaitStats};
 use tokio::time::Instant;
 use worker::client::{GatewayClient, OfferedToken};
 
-use super::measure::Services;
+use super::services::{worker_key, HotClient, Services};
 use crate::stats::{median, quantile};
 
 /// The workers of the "together" run.
@@ -89,7 +89,7 @@ impl Hot {
         self.shares.iter().copied().fold(f64::INFINITY, f64::min)
     }
 
-    /// The issue's targets: ≥ 0.8× and every worker ≥ 20 %.
+    /// The targets: ≥ 0.8× and every worker ≥ 20 %.
     pub fn meets_targets(&self) -> bool {
         self.ratio() >= 0.8 && self.min_share() >= 0.2
     }
@@ -123,12 +123,6 @@ pub fn medians(runs: &[Hot]) -> Option<Hot> {
     })
 }
 
-/// A worker's lock service and its wait counters, if it keeps any.
-pub struct HotClient {
-    pub locks: Arc<dyn LockService>,
-    pub stats: Option<Box<dyn Fn() -> WaitStats + Send + Sync>>,
-}
-
 /// One edit of one worker.
 struct Edit {
     granted: Instant,
@@ -152,22 +146,15 @@ pub async fn measure(
     fair: bool,
     secs: Duration,
 ) -> anyhow::Result<Hot> {
-    let db = harness::fresh_database().await;
-    let key = |i: usize| format!("cmp-{i}-key-not-secret");
-    let mut options = gateway::GatewayOptions::new(gateway::FenceCheck::Enforce);
-    for i in 0..WORKERS {
-        options = options.api_key(&format!("cmp-{i}"), &key(i));
+    if services.issuer().is_none() {
+        bail!("the hot page needs a lock that mints tokens");
     }
-    let (issuer, url) = services
-        .issuer()
-        .context("the hot page needs a lock that mints tokens")?;
-    options = options.issuer(issuer, &url);
-    let gw = gateway::spawn_with_options(&db, options).await?;
+    let gw = services.gateway(WORKERS).await?;
     let mut clients = vec![];
     for i in 0..WORKERS {
         let client = services.hot_client(&format!("cmp-{i}"), fair).await?;
         let gateway = GatewayClient::new(&gw.url(), &format!("cmp-{i}"))?
-            .with_api_key(Some(key(i).parse().map_err(anyhow::Error::msg)?));
+            .with_api_key(Some(worker_key(i).parse().map_err(anyhow::Error::msg)?));
         clients.push((client, gateway));
     }
     let result = async {

@@ -4,11 +4,12 @@
 //!
 //! The limits and peers run the same invocations as the per-backend benchmarks,
 //! through the functions they share: `tools.rs` (redis-benchmark, pgbench,
-//! mariadb-slap, the Python venv peers), `redlock.rs` (bare SET NX PX + DEL on
-//! every node, rslock) and `zookeeper.rs` (raw create + getChildren + delete).
+//! mariadb-slap), `peers.rs` (the Python peers, here with one thread),
+//! `redlock.rs` (bare SET NX PX + DEL on every node, rslock) and
+//! `zookeeper.rs` (raw create + getChildren + delete).
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,25 +17,17 @@ use anyhow::{anyhow, bail, Context};
 use chaos::Backend;
 use clap::Parser;
 use fencelock::lease_table::LeaseTable;
-use fencelock::redis::RedisLock;
-use fencelock::redis_sentinel::RedisSentinelLock;
-use fencelock::redlock::Redlock;
-use fencelock::zookeeper::ZooKeeperLock;
 use fencelock::{AcquireOptions, LockService};
-use futures::future::join_all;
-use harness::zookeeper::ZooKeeperEnsemble;
-use harness::{MariaDb, Postgres, Redis, SentinelGroup, ZooKeeper};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::{Commands, Figure, Settings};
+use super::report::{Commands, Figure, Settings};
+use super::services::{worker_key, Services};
 use crate::stats::Run;
-use crate::{locks, redlock, tools, zookeeper};
+use crate::{locks, peers, redlock, tools, zookeeper};
 
-/// Redlock's N in the comparison.
-pub const REDLOCK_N: usize = 5;
 /// Pinned versions of the Python peers.
-const PY_PACKAGES: [&str; 2] = ["redis==8.1.0", "kazoo==2.11.0"];
+const PY_PACKAGES: [&str; 2] = [peers::REDIS, peers::KAZOO];
 /// Grants in the speed runs outlive any run; nobody renews them.
 const TTL: Duration = Duration::from_secs(10);
 
@@ -43,273 +36,6 @@ pub struct Ctx {
     pub commands: Commands,
     pub python: Option<PathBuf>,
     pub python_error: Option<String>,
-}
-
-/// The real services one backend needs, started by this command.
-pub enum Services {
-    Redis(Redis),
-    Redlock(Vec<Redis>),
-    ZooKeeper(ZooKeeper),
-    /// Three servers on loopback, quorum 2 (issue 14): every grant is a quorum write.
-    ZooKeeperEnsemble(ZooKeeperEnsemble),
-    /// A master, one replica and three sentinels (issue 14).
-    Sentinel(SentinelGroup),
-    Postgres {
-        _server: Postgres,
-        db: String,
-    },
-    MariaDb {
-        server: MariaDb,
-        db: String,
-    },
-}
-
-impl Services {
-    /// Start them; a harness panic (binary missing, no readiness) becomes an error.
-    pub async fn start(backend: Backend) -> anyhow::Result<Services> {
-        Ok(match backend {
-            Backend::Redis => Services::Redis(guarded("redis-server", Redis::start()).await?),
-            Backend::Redlock => {
-                let mut nodes = vec![];
-                for _ in 0..REDLOCK_N {
-                    nodes.push(guarded("redis-server", Redis::start()).await?);
-                }
-                Services::Redlock(nodes)
-            }
-            Backend::Zookeeper => {
-                Services::ZooKeeper(guarded("zookeeper", ZooKeeper::start()).await?)
-            }
-            Backend::LeasePostgres => {
-                let server = guarded("postgres", Postgres::start()).await?;
-                let db = server.create_database().await;
-                Services::Postgres {
-                    _server: server,
-                    db,
-                }
-            }
-            Backend::LeaseMysql => {
-                let server = guarded("mariadb", MariaDb::start()).await?;
-                let db = server.create_database().await;
-                Services::MariaDb { server, db }
-            }
-            Backend::RedisSentinel => {
-                Services::Sentinel(guarded("redis sentinel group", SentinelGroup::start()).await?)
-            }
-        })
-    }
-
-    /// The three-node ZooKeeper ensemble on loopback, measured beside the
-    /// standalone server so that the price of the quorum shows.
-    pub async fn start_zookeeper_ensemble() -> anyhow::Result<Services> {
-        Ok(Services::ZooKeeperEnsemble(
-            guarded("zookeeper ensemble", ZooKeeperEnsemble::start()).await?,
-        ))
-    }
-
-    /// The ZooKeeper connect string, standalone or ensemble.
-    fn zookeeper_connect(&self) -> Option<String> {
-        match self {
-            Services::ZooKeeper(z) => Some(z.connect_string()),
-            Services::ZooKeeperEnsemble(e) => Some(e.connect_string()),
-            _ => None,
-        }
-    }
-
-    fn redis_urls(&self) -> Vec<String> {
-        match self {
-            Services::Redis(r) => vec![r.url()],
-            Services::Redlock(nodes) => nodes.iter().map(Redis::url).collect(),
-            _ => vec![],
-        }
-    }
-
-    /// `n` lock services, each with its own connection (or session, or
-    /// pool), of the default variant (fair, for the locks that have both).
-    pub async fn lock_clients(&self, n: usize) -> anyhow::Result<Vec<Arc<dyn LockService>>> {
-        self.lock_clients_variant(n, true).await
-    }
-
-    /// `n` lock services of the fair variant or not (Redlock has only one).
-    pub async fn lock_clients_variant(
-        &self,
-        n: usize,
-        fair: bool,
-    ) -> anyhow::Result<Vec<Arc<dyn LockService>>> {
-        let mut out: Vec<Arc<dyn LockService>> = Vec::with_capacity(n);
-        for _ in 0..n {
-            out.push(self.client(fair).await?);
-        }
-        Ok(out)
-    }
-
-    /// Whether a waiter's wait is itself a round trip to the service
-    /// (MariaDB's bell); a notification or a message costs none.
-    pub fn waits_are_round_trips(&self) -> bool {
-        matches!(self, Services::MariaDb { .. })
-    }
-
-    /// One lock service, fair or not.
-    async fn client(&self, fair: bool) -> anyhow::Result<Arc<dyn LockService>> {
-        Ok(match self {
-            Services::Redis(r) => {
-                let l = RedisLock::connect(&r.url()).await?;
-                Arc::new(if fair { l } else { l.non_fair() })
-            }
-            Services::Redlock(_) => Arc::new(Redlock::connect(&self.redis_urls()).await?),
-            Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => {
-                let l = ZooKeeperLock::connect(
-                    &self.zookeeper_connect().expect("zookeeper"),
-                    Duration::from_secs(6),
-                )
-                .await?;
-                Arc::new(if fair { l } else { l.non_fair() })
-            }
-            Services::Sentinel(g) => {
-                let l = RedisSentinelLock::connect(&g.sentinel_addrs(), g.master_name()).await?;
-                Arc::new(if fair { l } else { l.non_fair() })
-            }
-            Services::Postgres { db, .. } => {
-                let l = LeaseTable::postgres(db).await?;
-                Arc::new(if fair { l } else { l.non_fair() })
-            }
-            Services::MariaDb { db, .. } => {
-                let l = LeaseTable::mysql(db).await?;
-                Arc::new(if fair { l } else { l.non_fair() })
-            }
-        })
-    }
-
-    /// A hot-page worker's lock service: fair or not, recording `client_id`.
-    pub async fn hot_client(
-        &self,
-        client_id: &str,
-        fair: bool,
-    ) -> anyhow::Result<super::hot::HotClient> {
-        use super::hot::HotClient;
-        let with_id = |e: fencelock::LockError| anyhow::anyhow!("client id: {e}");
-        Ok(match self {
-            Services::Redis(r) => {
-                let l = RedisLock::connect(&r.url())
-                    .await?
-                    .with_client_id(client_id)
-                    .map_err(with_id)?;
-                let l = if fair { l } else { l.non_fair() };
-                let counted = l.clone();
-                HotClient {
-                    locks: Arc::new(l),
-                    stats: Some(Box::new(move || counted.wait_stats())),
-                }
-            }
-            Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => {
-                let l = ZooKeeperLock::connect(
-                    &self.zookeeper_connect().expect("zookeeper"),
-                    Duration::from_secs(6),
-                )
-                .await?
-                .with_client_id(client_id)
-                .map_err(with_id)?;
-                HotClient {
-                    locks: Arc::new(if fair { l } else { l.non_fair() }),
-                    stats: None,
-                }
-            }
-            Services::Sentinel(g) => {
-                let l = RedisSentinelLock::connect(&g.sentinel_addrs(), g.master_name())
-                    .await?
-                    .with_client_id(client_id)
-                    .map_err(with_id)?;
-                let l = if fair { l } else { l.non_fair() };
-                let counted = l.clone();
-                HotClient {
-                    locks: Arc::new(l),
-                    stats: Some(Box::new(move || counted.wait_stats())),
-                }
-            }
-            Services::Postgres { db, .. } | Services::MariaDb { db, .. } => {
-                let l = if matches!(self, Services::Postgres { .. }) {
-                    LeaseTable::postgres(db).await?
-                } else {
-                    LeaseTable::mysql(db).await?
-                }
-                .with_client_id(client_id)
-                .map_err(with_id)?;
-                let l = if fair { l } else { l.non_fair() };
-                let counted = l.clone();
-                HotClient {
-                    locks: Arc::new(l),
-                    stats: Some(Box::new(move || counted.wait_stats())),
-                }
-            }
-            Services::Redlock(_) => anyhow::bail!("Redlock mints no token: no hot page"),
-        })
-    }
-
-    /// The gateway's issuer for this service's tokens (name, URL); `None`
-    /// for Redlock, which mints none.
-    pub fn issuer(&self) -> Option<(&'static str, String)> {
-        match self {
-            Services::Redis(r) => Some(("redis", r.url())),
-            Services::Redlock(_) => None,
-            Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => Some((
-                "zookeeper",
-                format!(
-                    "zookeeper://{}",
-                    self.zookeeper_connect().expect("zookeeper")
-                ),
-            )),
-            Services::Sentinel(g) => Some((
-                "redis-sentinel",
-                format!(
-                    "redis-sentinel://{}/{}",
-                    g.sentinel_addrs().join(","),
-                    g.master_name()
-                ),
-            )),
-            Services::Postgres { db, .. } => Some(("lease-postgres", db.clone())),
-            Services::MariaDb { db, .. } => Some(("lease-mysql", db.clone())),
-        }
-    }
-
-    /// The worker flags that reach this service.
-    fn worker_args(&self) -> Vec<String> {
-        let (backend, flag, value) = match self {
-            Services::Redis(r) => ("redis", "--redis-url", r.url()),
-            Services::Redlock(_) => ("redlock", "--redlock-urls", self.redis_urls().join(",")),
-            Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => (
-                "zookeeper",
-                "--zookeeper-connect",
-                self.zookeeper_connect().expect("zookeeper"),
-            ),
-            Services::Sentinel(g) => (
-                "redis-sentinel",
-                "--redis-sentinels",
-                g.sentinel_addrs().join(","),
-            ),
-            Services::Postgres { db, .. } => ("lease-postgres", "--database-url", db.clone()),
-            Services::MariaDb { db, .. } => ("lease-mysql", "--mysql-url", db.clone()),
-        };
-        vec!["--backend".into(), backend.into(), flag.into(), value]
-    }
-}
-
-/// Run a harness start in a task so that its panic is an error here.
-async fn guarded<T, F>(what: &str, fut: F) -> anyhow::Result<T>
-where
-    T: Send + 'static,
-    F: Future<Output = T> + Send + 'static,
-{
-    tokio::spawn(fut).await.map_err(|e| {
-        let text = if e.is_panic() {
-            let p = e.into_panic();
-            p.downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panicked".into())
-        } else {
-            e.to_string()
-        };
-        anyhow!("{what} did not start: {text}")
-    })
 }
 
 pub fn limit_name(backend: Backend) -> &'static str {
@@ -359,18 +85,17 @@ pub async fn ours(
 ) -> anyhow::Result<Figure> {
     let start = Instant::now();
     let end = start + secs;
-    let tasks = clients.iter().map(|svc| {
-        let svc = svc.clone();
-        let lock = lock.to_string();
-        tokio::spawn(async move { locks::acquire_release_until(&*svc, &lock, opts(), end).await })
-    });
-    let mut run = Run::default();
-    for t in join_all(tasks).await {
-        run.latencies.extend(t.context("bench task panicked")??);
-    }
-    run.ops = run.latencies.len() as u64;
-    run.elapsed = start.elapsed();
-    Ok(Figure::from(&run))
+    let tasks = clients
+        .iter()
+        .map(|svc| {
+            let svc = svc.clone();
+            let lock = lock.to_string();
+            tokio::spawn(
+                async move { locks::acquire_release_until(&*svc, &lock, opts(), end).await },
+            )
+        })
+        .collect();
+    Ok(Figure::from(&Run::joined(start, tasks).await?))
 }
 
 /// Uncontended acquire+release on a client of its own, connected for this
@@ -398,18 +123,7 @@ pub async fn uncontended(
 /// simulated work between read and write. The rate is acknowledged edits per
 /// second; the note says what else happened.
 pub async fn e2e(services: &Services, page: &str, s: Settings) -> anyhow::Result<(Figure, String)> {
-    let db = guarded("postgres for the gateway", harness::fresh_database()).await?;
-    // Trust on, as in the demo: each worker's key required and, for a
-    // backend with tokens, every token checked with its issuer.
-    let key = |i: usize| format!("cmp-{i}-key-not-secret");
-    let mut options = gateway::GatewayOptions::new(gateway::FenceCheck::Enforce);
-    for i in 0..s.workers {
-        options = options.api_key(&format!("cmp-{i}"), &key(i));
-    }
-    if let Some((name, url)) = services.issuer() {
-        options = options.issuer(name, &url);
-    }
-    let gw = gateway::spawn_with_options(&db, options).await?;
+    let gw = services.gateway(s.workers).await?;
     let start = Instant::now();
     let mut joins = vec![];
     for i in 0..s.workers {
@@ -432,7 +146,7 @@ pub async fn e2e(services: &Services, page: &str, s: Settings) -> anyhow::Result
             "--fencing",
             "on",
             "--api-key",
-            &key(i),
+            &worker_key(i),
         ]
         .iter()
         .map(|a| a.to_string())
@@ -510,16 +224,37 @@ pub async fn peer(ctx: &Ctx, services: &Services, repeat: usize) -> anyhow::Resu
     };
     match services {
         Services::Redis(r) => {
-            let port = r.port().to_string();
-            python_peer(&ctx.commands, &python()?, PY_REDIS_LOCK, &port, secs).await
+            record_peer(ctx, "REDIS_LOCK", ["PORT", ""], REDIS_PEER, secs);
+            let run = peers::redis_lock(&python()?, r.port(), 1, secs).await?;
+            Ok(Figure::from(&run))
         }
         Services::Redlock(_) => rslock(&services.redis_urls(), secs, repeat).await,
         Services::ZooKeeper(_) | Services::ZooKeeperEnsemble(_) => {
             let cs = services.zookeeper_connect().expect("zookeeper");
-            python_peer(&ctx.commands, &python()?, PY_KAZOO_LOCK, &cs, secs).await
+            record_peer(ctx, "KAZOO_LOCK", ["HOSTS", " NAME"], KAZOO_PEER, secs);
+            let name = format!("cmp-kazoo-{repeat}");
+            let run = peers::kazoo_lock(&python()?, &cs, 1, secs, &name).await?;
+            Ok(Figure::from(&run))
         }
         _ => bail!("no peer for this backend"),
     }
+}
+
+/// What the Python peers do, for the report.
+const REDIS_PEER: &str =
+    "redis: Redis(port).lock(name, timeout=10, blocking_timeout=30).acquire() + release()";
+const KAZOO_PEER: &str = "kazoo: KazooClient(hosts).Lock(path).acquire(timeout=30) + release()";
+
+/// Record a Python peer's command line: `script` of `bench/src/peers.rs`,
+/// one thread; `args` are what its command line has before the thread
+/// count and after the seconds.
+fn record_peer(ctx: &Ctx, script: &str, args: [&str; 2], what: &str, secs: Duration) {
+    let [before, after] = args;
+    ctx.commands.record(format!(
+        "target/compare-venv/bin/python -c <{script} in bench/src/peers.rs> {before} 1 {}{after} \
+         ({what}, one thread)",
+        secs.as_secs_f64()
+    ));
 }
 
 /// The Redis limit ([`tools::redis_benchmark_pair`]).
@@ -597,22 +332,12 @@ async fn rslock(urls: &[String], secs: Duration, repeat: usize) -> anyhow::Resul
 }
 
 /// Run `op` back to back for `secs`; one sample per call.
-async fn timed<F, Fut>(secs: Duration, mut op: F) -> anyhow::Result<Figure>
+async fn timed<F, Fut>(secs: Duration, op: F) -> anyhow::Result<Figure>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let start = Instant::now();
-    let end = start + secs;
-    let mut run = Run::default();
-    while Instant::now() < end {
-        let t0 = Instant::now();
-        op().await?;
-        run.latencies.push(t0.elapsed());
-    }
-    run.ops = run.latencies.len() as u64;
-    run.elapsed = start.elapsed();
-    Ok(Figure::from(&run))
+    Ok(Figure::from(&Run::timed(secs, op).await?))
 }
 
 /// The PostgreSQL lease-table limit ([`tools::pgbench_lease`]).
@@ -643,68 +368,6 @@ async fn mariadb_slap(
         p50: None,
         p99: None,
     })
-}
-
-const PY_REDIS_LOCK: &str = r#"
-import json, sys, time
-import redis
-port, secs = int(sys.argv[1]), float(sys.argv[2])
-r = redis.Redis(port=port)
-lat = []
-start = time.perf_counter()
-end = start + secs
-while time.perf_counter() < end:
-    t0 = time.perf_counter()
-    lock = r.lock("cmp-py", timeout=10, blocking_timeout=30)
-    if not lock.acquire():
-        raise SystemExit("not acquired")
-    lock.release()
-    lat.append(time.perf_counter() - t0)
-print(json.dumps({"elapsed": time.perf_counter() - start, "lat": lat}))
-"#;
-
-const PY_KAZOO_LOCK: &str = r#"
-import json, sys, time
-from kazoo.client import KazooClient
-hosts, secs = sys.argv[1], float(sys.argv[2])
-zk = KazooClient(hosts=hosts, timeout=6.0)
-zk.start(timeout=15)
-lock = zk.Lock("/cmp-kazoo/lock", "compare")
-lat = []
-start = time.perf_counter()
-end = start + secs
-while time.perf_counter() < end:
-    t0 = time.perf_counter()
-    if not lock.acquire(timeout=30):
-        raise SystemExit("not acquired")
-    lock.release()
-    lat.append(time.perf_counter() - t0)
-elapsed = time.perf_counter() - start
-zk.stop()
-print(json.dumps({"elapsed": elapsed, "lat": lat}))
-"#;
-
-/// A Python peer script: acquire+release in a loop for `secs`, one thread.
-async fn python_peer(
-    commands: &Commands,
-    python: &Path,
-    script: &str,
-    target: &str,
-    secs: Duration,
-) -> anyhow::Result<Figure> {
-    let which = if script == PY_KAZOO_LOCK {
-        "kazoo: KazooClient(hosts).Lock(path).acquire(timeout=30) + release()"
-    } else {
-        "redis: Redis(port).lock(name, timeout=10, blocking_timeout=30).acquire() + release()"
-    };
-    commands.record(format!(
-        "target/compare-venv/bin/python -c <script in bench/src/compare/measure.rs> TARGET {} \
-         ({which}, one thread)",
-        secs.as_secs_f64()
-    ));
-    let args = [target.to_string(), secs.as_secs_f64().to_string()];
-    let run = tools::python_peer(python, script, &args).await?;
-    Ok(Figure::from(&run))
 }
 
 /// A venv under `target/compare-venv` with the pinned peers, created on first use.

@@ -1,10 +1,8 @@
-//! Issue 12: only known clients write, plain reads stay public, and an
-//! operator can reset a page's fence through the audited admin endpoint.
+//! Only known clients write, plain reads stay public, and an operator can
+//! reset a page's fence through the audited admin endpoint.
 //! Against a real PostgreSQL; no issuer here (see issuers.rs).
 
-mod common;
-
-use common::{gateway, key_of, Api, ADMIN};
+use crate::common::{gateway, key_of, ADMIN};
 use gateway::{FenceCheck, GatewayOptions};
 use serde_json::json;
 
@@ -69,13 +67,7 @@ async fn a_client_id_naming_another_client_is_403_and_the_keys_client_is_recorde
     let before = api.snapshot("p").await;
 
     for reply in [
-        alice
-            .put(
-                "p",
-                "as bob",
-                &[("Fencing-Token", "4"), ("Client-Id", "bob")],
-            )
-            .await,
+        alice.put_with_client_id("p", "as bob", 4, "bob").await,
         alice
             .get("p", &[("Fencing-Token", "4"), ("Client-Id", "bob")])
             .await,
@@ -86,11 +78,7 @@ async fn a_client_id_naming_another_client_is_403_and_the_keys_client_is_recorde
     assert_eq!(api.snapshot("p").await, before, "a 403 changed the page");
 
     alice
-        .put(
-            "p",
-            "again",
-            &[("Fencing-Token", "4"), ("Client-Id", "alice")],
-        )
+        .put_with_client_id("p", "again", 4, "alice")
         .await
         .expect(200);
     let history = api.history("p").await;
@@ -110,10 +98,7 @@ async fn plain_reads_stay_public() {
         .expect_error(404, "page_not_found");
     assert_eq!(public.history("p").await.len(), 1);
     for path in ["/pages", "/healthz", "/readyz"] {
-        public
-            .send(public.http.get(public.url(path)))
-            .await
-            .expect(200);
+        public.get_path(path).await.expect(200);
     }
     let metrics = public
         .http
@@ -126,14 +111,10 @@ async fn plain_reads_stay_public() {
 
 #[tokio::test]
 async fn with_auth_off_anybody_writes_as_before() {
-    let (_gw, api, _) = common::gateway_with(GatewayOptions::new(FenceCheck::Enforce)).await;
+    let (_gw, api, _) = crate::common::gateway_with(GatewayOptions::new(FenceCheck::Enforce)).await;
     let anybody = api.with_key(None);
     anybody
-        .put(
-            "p",
-            "x",
-            &[("Fencing-Token", "1"), ("Client-Id", "whoever")],
-        )
+        .put_with_client_id("p", "x", 1, "whoever")
         .await
         .expect(201);
     assert_eq!(api.history("p").await[0]["client_id"], "whoever");
@@ -170,34 +151,14 @@ async fn required_auth_without_keys_refuses_to_start_and_bad_keys_are_named() {
 async fn an_admin_lowers_a_fence_with_an_audited_history_row() {
     let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     // A fence far above what the lock service can grant (e.g. its counter was lost).
-    api.put(
-        "p",
-        "text",
-        &[("Fencing-Token", "1000"), ("Fencing-Issuer", "redis")],
-    )
-    .await
-    .expect(201);
-    api.put(
-        "p",
-        "late",
-        &[("Fencing-Token", "7"), ("Fencing-Issuer", "redis")],
-    )
-    .await
-    .expect_error(409, "stale_token");
+    api.put_issued("p", "text", 1000, "redis").await.expect(201);
+    api.put_issued("p", "late", 7, "redis")
+        .await
+        .expect_error(409, "stale_token");
 
     let admin = api.with_key(Some(key_of(ADMIN)));
-    let set = |body: serde_json::Value| {
-        admin
-            .http
-            .post(admin.url("/admin/pages/p/fence"))
-            .json(&body)
-    };
-    let reply = admin
-        .send(set(
-            json!({"issuer": "redis", "token": 6, "reason": "redis counter lost in restart"}),
-        ))
-        .await
-        .expect(200);
+    let lower = json!({"issuer": "redis", "token": 6, "reason": "redis counter lost in restart"});
+    let reply = admin.set_fence("p", &lower).await.expect(200);
     assert_eq!(
         reply.json,
         json!({"id": "p", "version": 1, "fence": {"issuer": "redis", "token": 6},
@@ -214,35 +175,13 @@ async fn an_admin_lowers_a_fence_with_an_audited_history_row() {
     assert!(api.history("p").await[1].get("reason").is_none());
 
     // The holder of token 7 writes again.
-    api.put(
-        "p",
-        "late",
-        &[("Fencing-Token", "7"), ("Fencing-Issuer", "redis")],
-    )
-    .await
-    .expect(200);
+    api.put_issued("p", "late", 7, "redis").await.expect(200);
 
     // Clearing: both null. Then any issuer may fence the page again.
-    let cleared = admin
-        .send(set(
-            json!({"issuer": null, "token": null, "reason": "moving to zookeeper"}),
-        ))
-        .await
-        .expect(200);
+    let clear = json!({"issuer": null, "token": null, "reason": "moving to zookeeper"});
+    let cleared = admin.set_fence("p", &clear).await.expect(200);
     assert_eq!(cleared.json["fence"], json!(null));
-    api.put(
-        "p",
-        "zk",
-        &[("Fencing-Token", "3"), ("Fencing-Issuer", "zookeeper")],
-    )
-    .await
-    .expect(200);
-}
-
-async fn post(client: &Api, path: &str, body: &serde_json::Value) -> common::Reply {
-    client
-        .send(client.http.post(client.url(path)).json(body))
-        .await
+    api.put_issued("p", "zk", 3, "zookeeper").await.expect(200);
 }
 
 #[tokio::test]
@@ -252,20 +191,18 @@ async fn the_admin_endpoint_refuses_writers_strangers_and_bad_bodies_changing_no
     let before = api.snapshot("p").await;
     let body = json!({"issuer": "default", "token": 1, "reason": "test"});
 
-    post(&api.with_key(None), "/admin/pages/p/fence", &body)
+    api.with_key(None)
+        .set_fence("p", &body)
         .await
         .expect_error(401, "unauthorized");
-    post(
-        &api.with_key(Some("unknown-key-0123456789".into())),
-        "/admin/pages/p/fence",
-        &body,
-    )
-    .await
-    .expect_error(401, "unauthorized");
+    api.with_key(Some("unknown-key-0123456789".into()))
+        .set_fence("p", &body)
+        .await
+        .expect_error(401, "unauthorized");
     // A writer's key is not an admin key.
-    let r = post(&api, "/admin/pages/p/fence", &body).await;
-    assert_eq!(r.status.as_u16(), 403, "{}", r.json);
-    assert_eq!(r.json["error"], "forbidden");
+    api.set_fence("p", &body)
+        .await
+        .expect_error(403, "forbidden");
 
     let admin = api.with_key(Some(key_of(ADMIN)));
     for (bad, code) in [
@@ -291,11 +228,10 @@ async fn the_admin_endpoint_refuses_writers_strangers_and_bad_bodies_changing_no
             "invalid_json",
         ),
     ] {
-        post(&admin, "/admin/pages/p/fence", &bad)
-            .await
-            .expect_error(400, code);
+        admin.set_fence("p", &bad).await.expect_error(400, code);
     }
-    post(&admin, "/admin/pages/nobody/fence", &body)
+    admin
+        .set_fence("nobody", &body)
         .await
         .expect_error(404, "page_not_found");
     assert_eq!(

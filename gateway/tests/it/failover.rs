@@ -4,46 +4,12 @@
 //! stale data), and after the promotion it follows the new primary without a
 //! restart.
 
-mod common;
-
 use std::time::Duration;
 
-use common::Api;
+use crate::common::Api;
 use gateway::store::{fenced_access, Access};
 use gateway::{ApiError, FenceCheck};
 use harness::{PostgresPair, Replication};
-
-#[track_caller]
-fn assert_unavailable(reply: &common::Reply) {
-    assert_eq!(
-        (reply.status.as_u16(), reply.error()),
-        (503, "database_unavailable"),
-        "{:?}",
-        reply.json
-    );
-}
-
-async fn wait_ready(api: &Api) {
-    harness::wait_until(Duration::from_secs(30), || {
-        let api = api.clone();
-        async move {
-            let status = api
-                .http
-                .get(api.url("/readyz"))
-                .send()
-                .await
-                .map_err(|e| e.to_string())?
-                .status();
-            if status.is_success() {
-                Ok(())
-            } else {
-                Err(format!("readyz {status}"))
-            }
-        }
-    })
-    .await
-    .expect("gateway ready on the promoted standby");
-}
 
 #[tokio::test]
 async fn requests_follow_the_primary_to_the_promoted_standby() {
@@ -59,13 +25,11 @@ async fn requests_follow_the_primary_to_the_promoted_standby() {
     // The standby is up and has the page, but does not accept writes: reads
     // and writes alike are refused rather than served from it.
     for _ in 0..3 {
-        assert_unavailable(&api.put_fenced("p", "during", 6).await);
-        assert_unavailable(&api.get("p", &[]).await);
+        api.expect_database_unavailable("p", 6).await;
     }
-    assert_unavailable(&api.send(api.http.get(api.url("/readyz"))).await);
 
     pg.promote().await;
-    wait_ready(&api).await;
+    api.wait_ready(Duration::from_secs(30)).await;
     let page = api.get("p", &[]).await.expect(200);
     assert_eq!(page.json["body"], "before the failover");
     assert_eq!(page.json["fence"]["token"], 5, "the fence survived (sync)");

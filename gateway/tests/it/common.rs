@@ -1,6 +1,7 @@
-//! Shared helpers: a gateway on a fresh database and a small HTTP client
-//! that sends its API key.
-#![allow(dead_code)]
+//! Shared helpers: a gateway on a fresh database, a small HTTP client that
+//! sends its API key, and the waits several tests need.
+
+use std::time::Duration;
 
 use gateway::{FenceCheck, GatewayOptions, RunningGateway};
 use reqwest::header::HeaderMap;
@@ -135,8 +136,39 @@ impl Api {
         self.send(req).await
     }
 
+    /// PUT with `Fencing-Token: token` and `headers` besides.
+    pub async fn put_fenced_with(
+        &self,
+        id: &str,
+        body: &str,
+        token: u64,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let token = token.to_string();
+        let mut all = vec![("Fencing-Token", token.as_str())];
+        all.extend_from_slice(headers);
+        self.put(id, body, &all).await
+    }
+
     pub async fn put_fenced(&self, id: &str, body: &str, token: u64) -> Reply {
-        self.put(id, body, &[("Fencing-Token", &token.to_string())])
+        self.put_fenced_with(id, body, token, &[]).await
+    }
+
+    /// PUT with `token` of `issuer` (`Fencing-Issuer`).
+    pub async fn put_issued(&self, id: &str, body: &str, token: u64, issuer: &str) -> Reply {
+        self.put_fenced_with(id, body, token, &[("Fencing-Issuer", issuer)])
+            .await
+    }
+
+    /// PUT with `token` and `Client-Id: client`.
+    pub async fn put_with_client_id(
+        &self,
+        id: &str,
+        body: &str,
+        token: u64,
+        client: &str,
+    ) -> Reply {
+        self.put_fenced_with(id, body, token, &[("Client-Id", client)])
             .await
     }
 
@@ -148,12 +180,56 @@ impl Api {
         self.send(req).await
     }
 
+    /// GET any path of the API.
+    pub async fn get_path(&self, path: &str) -> Reply {
+        self.send(self.http.get(self.url(path))).await
+    }
+
+    /// POST `body` as JSON.
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        self.send(self.http.post(self.url(path)).json(body)).await
+    }
+
+    /// `POST /admin/pages/{id}/fence` with `body`.
+    pub async fn set_fence(&self, id: &str, body: &Value) -> Reply {
+        self.post(&format!("/admin/pages/{id}/fence"), body).await
+    }
+
+    /// While no database server takes writes: a write of `id`, a read of it
+    /// and `/readyz` all answer 503 `database_unavailable`.
+    pub async fn expect_database_unavailable(&self, id: &str, token: u64) {
+        for reply in [
+            self.put_fenced(id, "while the database is away", token)
+                .await,
+            self.get(id, &[]).await,
+            self.get_path("/readyz").await,
+        ] {
+            reply.expect_error(503, "database_unavailable");
+        }
+    }
+
+    /// Wait (bounded) until `/readyz` answers 200: PostgreSQL is back.
+    pub async fn wait_ready(&self, within: Duration) {
+        harness::wait_until(within, || async {
+            let status = self
+                .http
+                .get(self.url("/readyz"))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .status();
+            match status.is_success() {
+                true => Ok(()),
+                false => Err(format!("readyz {status}")),
+            }
+        })
+        .await
+        .expect("the gateway is ready again");
+    }
+
     pub async fn history(&self, id: &str) -> Vec<Value> {
         let r = self
-            .send(
-                self.http
-                    .get(self.url(&format!("/pages/{id}/history?limit=10000"))),
-            )
+            .get_path(&format!("/pages/{id}/history?limit=10000"))
             .await
             .expect(200);
         r.json["history"].as_array().expect("history array").clone()
@@ -195,4 +271,37 @@ pub async fn gateway_with(options: GatewayOptions) -> (RunningGateway, Api, Stri
         .expect("spawn gateway");
     let api = Api::new(gw.url()).as_client("tester");
     (gw, api, url)
+}
+
+/// The `outcome` of each history row, newest first.
+pub fn outcomes(history: &[Value]) -> Vec<&str> {
+    history
+        .iter()
+        .map(|h| h["outcome"].as_str().expect("an outcome"))
+        .collect()
+}
+
+/// Wait (bounded) until exactly `n` statements of the gateway wait for a
+/// lock in `url`'s database.
+pub async fn wait_statements_waiting_for_a_lock(url: &str, n: i64) {
+    use sqlx::Connection;
+    harness::wait_until(Duration::from_secs(20), || async move {
+        let mut conn = sqlx::PgConnection::connect(url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let waiting = sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity
+             where application_name = 'gateway' and wait_event_type = 'Lock'
+               and datname = current_database()",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+        match waiting {
+            w if w == n => Ok(()),
+            w => Err(format!("{w} statements waiting for a lock, expected {n}")),
+        }
+    })
+    .await
+    .expect("the gateway's statements wait for the lock");
 }

@@ -1,11 +1,9 @@
 //! The dashboard's routes and its event stream, against a real PostgreSQL.
 //! (What a browser makes of them: tests/tests/dashboard.rs.)
 
-mod common;
-
 use std::time::Duration;
 
-use common::{gateway_with, key_of, keyed, Api};
+use crate::common::{gateway_with, key_of, keyed, Api};
 use gateway::FenceCheck;
 use serde_json::{json, Value};
 use sqlx::Connection;
@@ -23,7 +21,8 @@ struct Events {
 }
 
 impl Events {
-    async fn open(api: &Api, query: &str) -> Events {
+    /// Open a stream and read its first message, the snapshot.
+    async fn open(api: &Api, query: &str) -> (Events, Value) {
         let response = api
             .http
             .get(api.url(&format!("/dashboard/events{query}")))
@@ -36,11 +35,13 @@ impl Events {
             response.headers()["content-type"].to_str().unwrap(),
             "text/event-stream"
         );
-        Events {
+        let mut events = Events {
             response,
             buffer: String::new(),
             page: Value::Null,
-        }
+        };
+        let snapshot = events.expect("snapshot").await;
+        (events, snapshot)
     }
 
     /// The next message with a name (comments are keep-alives), as
@@ -87,6 +88,12 @@ impl Events {
         data
     }
 
+    /// Updates until one brings attempts of the chosen page: those attempts
+    /// and the last update.
+    async fn attempts(&mut self) -> (Vec<Value>, Value) {
+        self.until(|a| !a.is_empty()).await
+    }
+
     /// Updates until `done` holds for the attempts gathered so far; returns
     /// those attempts and the last update.
     async fn until(&mut self, done: impl Fn(&[Value]) -> bool) -> (Vec<Value>, Value) {
@@ -99,6 +106,16 @@ impl Events {
             }
         }
     }
+}
+
+/// Assert the attempts, oldest first, as (method, outcome, token, client).
+#[track_caller]
+fn assert_attempts(attempts: &[Value], expected: &[(&str, &str, u64, &str)]) {
+    let expected: Vec<_> = expected
+        .iter()
+        .map(|(m, o, t, c)| (m.to_string(), o.to_string(), json!(t), json!(c)))
+        .collect();
+    assert_eq!(summary(attempts), expected);
 }
 
 fn summary(attempts: &[Value]) -> Vec<(String, String, Value, Value)> {
@@ -147,6 +164,15 @@ async fn gateway(fencing: FenceCheck) -> (gateway::RunningGateway, Api, String) 
         .iter()
         .fold(keyed(fencing), |o, c| o.api_key(c, &key_of(c)));
     gateway_with(options).await
+}
+
+/// A keyed gateway whose page `p` was written once (token 1, client `a`),
+/// and a dashboard stream on `p`, past its snapshot.
+async fn watching_p() -> (gateway::RunningGateway, Api, String, Events) {
+    let (gw, api, url) = gateway(FenceCheck::Enforce).await;
+    put(&api, "p", "x", &token(1, "a"), 201).await;
+    let (events, _) = Events::open(&api, "?page=p").await;
+    (gw, api, url, events)
 }
 
 /// `api` as the client the `Client-Id` header names (its key authenticates it).
@@ -227,10 +253,10 @@ async fn root_redirects_to_the_dashboard_whose_page_and_assets_come_from_the_bin
 #[tokio::test]
 async fn an_invalid_page_is_a_400_json_error_not_a_stream() {
     let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
-    api.send(api.http.get(api.url("/dashboard/events?page=no%20spaces")))
+    api.get_path("/dashboard/events?page=no%20spaces")
         .await
         .expect_error(400, "invalid_page_id");
-    api.send(api.http.get(api.url("/dashboard/events?pgae=demo")))
+    api.get_path("/dashboard/events?pgae=demo")
         .await
         .expect_error(400, "invalid_query");
 }
@@ -240,29 +266,26 @@ async fn snapshot_then_live_updates_show_grants_reads_writes_and_refusals_as_the
     let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     put(&api, "doc", "by alice", &token(33, "alice"), 201).await;
 
-    let mut events = Events::open(&api, "?page=doc").await;
-    let snapshot = events.expect("snapshot").await;
+    let (mut events, snapshot) = Events::open(&api, "?page=doc").await;
     assert_eq!(snapshot["fencing"], "enforce");
     assert_eq!(
         snapshot["page"],
         json!({"id": "doc", "body": "by alice", "version": 1, "fence": {"issuer": "default", "token": 33}})
     );
-    assert_eq!(
-        summary(snapshot["attempts"].as_array().unwrap()),
-        [("PUT".into(), "accepted".into(), json!(33), json!("alice"))]
-    );
+    let attempts = snapshot["attempts"].as_array().unwrap();
+    assert_attempts(attempts, &[("PUT", "accepted", 33, "alice")]);
     assert_eq!(counters(&snapshot["pages"], "doc"), json!([1, 0, 0, 0]));
 
     // Bob is granted 34, reads and writes.
     get(&api, "doc", &token(34, "bob"), 200).await;
     put(&api, "doc", "by bob", &token(34, "bob"), 200).await;
     let (bobs, _) = events.until(|a| a.len() >= 2).await;
-    assert_eq!(
-        summary(&bobs),
-        [
-            ("GET".into(), "accepted".into(), json!(34), json!("bob")),
-            ("PUT".into(), "accepted".into(), json!(34), json!("bob")),
-        ]
+    assert_attempts(
+        &bobs,
+        &[
+            ("GET", "accepted", 34, "bob"),
+            ("PUT", "accepted", 34, "bob"),
+        ],
     );
     assert_eq!(
         events.page,
@@ -271,23 +294,11 @@ async fn snapshot_then_live_updates_show_grants_reads_writes_and_refusals_as_the
 
     // Alice's late write is refused: on the timeline, and nothing changed.
     api.as_client("alice")
-        .put(
-            "doc",
-            "late",
-            &[("Fencing-Token", "33"), ("Client-Id", "alice")],
-        )
+        .put_with_client_id("doc", "late", 33, "alice")
         .await
         .expect_error(409, "stale_token");
-    let (attempts, last) = events.until(|a| !a.is_empty()).await;
-    assert_eq!(
-        summary(&attempts),
-        [(
-            "PUT".into(),
-            "stale_token".into(),
-            json!(33),
-            json!("alice")
-        )]
-    );
+    let (attempts, last) = events.attempts().await;
+    assert_attempts(&attempts, &[("PUT", "stale_token", 33, "alice")]);
     let refused = &attempts[0];
     assert_eq!(refused["fence_token"], 34);
     assert_eq!(refused["version"], 2);
@@ -306,8 +317,7 @@ async fn snapshot_then_live_updates_show_grants_reads_writes_and_refusals_as_the
 async fn attempts_on_another_page_update_its_counters_but_not_the_chosen_pages_timeline() {
     let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     put(&api, "chosen", "x", &token(1, "a"), 201).await;
-    let mut events = Events::open(&api, "?page=chosen").await;
-    events.expect("snapshot").await;
+    let (mut events, _) = Events::open(&api, "?page=chosen").await;
 
     put(&api, "other", "y", &token(5, "b"), 201).await;
     put(&api, "other", "z", &token(4, "b"), 409).await;
@@ -330,8 +340,7 @@ async fn attempts_on_another_page_update_its_counters_but_not_the_chosen_pages_t
 #[tokio::test]
 async fn without_a_page_the_stream_follows_the_page_accessed_last_and_an_empty_database_has_none() {
     let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
-    let mut empty = Events::open(&api, "").await;
-    let snapshot = empty.expect("snapshot").await;
+    let (_empty, snapshot) = Events::open(&api, "").await;
     assert_eq!(snapshot["pages"], json!([]));
     assert_eq!(snapshot["page"], Value::Null);
     assert_eq!(snapshot["attempts"], json!([]));
@@ -339,8 +348,7 @@ async fn without_a_page_the_stream_follows_the_page_accessed_last_and_an_empty_d
     put(&api, "first", "x", &token(1, "a"), 201).await;
     put(&api, "second", "y", &token(1, "a"), 201).await;
     put(&api, "first", "z", &token(2, "a"), 200).await;
-    let mut events = Events::open(&api, "").await;
-    let snapshot = events.expect("snapshot").await;
+    let (_events, snapshot) = Events::open(&api, "").await;
     assert_eq!(snapshot["page"]["id"], "first");
     assert_eq!(snapshot["attempts"].as_array().unwrap().len(), 2);
     assert_eq!(
@@ -358,16 +366,12 @@ async fn without_a_page_the_stream_follows_the_page_accessed_last_and_an_empty_d
 async fn with_fencing_off_a_stale_write_lands_and_is_counted_as_a_lost_update() {
     let (_gw, api, _) = gateway(FenceCheck::Off).await;
     put(&api, "p", "new holder", &token(34, "bob"), 201).await;
-    let mut events = Events::open(&api, "?page=p").await;
-    let snapshot = events.expect("snapshot").await;
+    let (mut events, snapshot) = Events::open(&api, "?page=p").await;
     assert_eq!(snapshot["fencing"], "off");
 
     put(&api, "p", "old holder", &token(33, "alice"), 200).await;
-    let (attempts, last) = events.until(|a| !a.is_empty()).await;
-    assert_eq!(
-        summary(&attempts),
-        [("PUT".into(), "stale".into(), json!(33), json!("alice"))]
-    );
+    let (attempts, last) = events.attempts().await;
+    assert_attempts(&attempts, &[("PUT", "stale", 33, "alice")]);
     assert_eq!(events.page["body"], "old holder", "bob's edit is gone");
     assert_eq!(counters(&last["pages"], "p"), json!([2, 0, 0, 1]));
 }
@@ -379,15 +383,11 @@ async fn a_dashboard_on_one_gateway_shows_the_attempts_made_through_another() {
     let unfenced = gateway::spawn(&url, FenceCheck::Off).await.unwrap();
     let (watch, other) = (Api::new(fenced.url()), Api::new(unfenced.url()));
     put(&watch, "demo", "a", &token(10, "w1"), 201).await;
-    let mut events = Events::open(&watch, "?page=demo").await;
-    events.expect("snapshot").await;
+    let (mut events, _) = Events::open(&watch, "?page=demo").await;
 
     put(&other, "demo", "late", &token(9, "straggler"), 200).await;
-    let (attempts, _) = events.until(|a| !a.is_empty()).await;
-    assert_eq!(
-        summary(&attempts),
-        [("PUT".into(), "stale".into(), json!(9), json!("straggler"))]
-    );
+    let (attempts, _) = events.attempts().await;
+    assert_attempts(&attempts, &[("PUT", "stale", 9, "straggler")]);
 }
 
 /// History ids are taken at insert and become visible at commit, so a row can
@@ -395,10 +395,7 @@ async fn a_dashboard_on_one_gateway_shows_the_attempts_made_through_another() {
 /// a later one commit, then commit the first: both arrive, once each.
 #[tokio::test]
 async fn a_row_that_commits_after_a_higher_id_is_not_missed() {
-    let (_gw, api, url) = gateway(FenceCheck::Enforce).await;
-    put(&api, "p", "x", &token(1, "a"), 201).await;
-    let mut events = Events::open(&api, "?page=p").await;
-    events.expect("snapshot").await;
+    let (_gw, api, url, mut events) = watching_p().await;
 
     let mut slow = sqlx::PgConnection::connect(&url).await.unwrap();
     sqlx::query("begin").execute(&mut slow).await.unwrap();
@@ -416,7 +413,7 @@ async fn a_row_that_commits_after_a_higher_id_is_not_missed() {
     assert_eq!(later["attempts"], json!([]));
 
     sqlx::query("commit").execute(&mut slow).await.unwrap();
-    let (attempts, update) = events.until(|a| !a.is_empty()).await;
+    let (attempts, update) = events.attempts().await;
     assert_eq!(attempts.len(), 1);
     assert_eq!(attempts[0]["seq"], held);
     assert_eq!(attempts[0]["outcome"], "some_new_refusal");
@@ -424,21 +421,15 @@ async fn a_row_that_commits_after_a_higher_id_is_not_missed() {
 
     // And nothing is sent twice: the next update holds only the next attempt.
     put(&api, "p", "z", &token(2, "a"), 200).await;
-    let (attempts, _) = events.until(|a| !a.is_empty()).await;
-    assert_eq!(
-        summary(&attempts),
-        [("PUT".into(), "accepted".into(), json!(2), json!("a"))]
-    );
+    let (attempts, _) = events.attempts().await;
+    assert_attempts(&attempts, &[("PUT", "accepted", 2, "a")]);
 }
 
 /// An event stream never ends by itself, and a graceful shutdown waits for
 /// every response: the streams must end when the gateway starts draining.
 #[tokio::test]
 async fn an_open_dashboard_does_not_hold_up_a_graceful_shutdown() {
-    let (gw, api, _) = gateway(FenceCheck::Enforce).await;
-    put(&api, "p", "x", &token(1, "a"), 201).await;
-    let mut events = Events::open(&api, "?page=p").await;
-    events.expect("snapshot").await;
+    let (gw, _api, _, mut events) = watching_p().await;
 
     tokio::time::timeout(Duration::from_secs(5), gw.shutdown())
         .await
@@ -467,8 +458,7 @@ async fn the_polling_stops_when_the_dashboard_disconnects() {
         )
     };
 
-    let mut events = Events::open(&api, "?page=p").await;
-    events.expect("snapshot").await;
+    let (events, _) = Events::open(&api, "?page=p").await;
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let n: i64 = sqlx::query_scalar(&polled_within(500))

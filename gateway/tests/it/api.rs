@@ -1,9 +1,7 @@
-//! The HTTP contract of issue 2, against a real PostgreSQL.
+//! The HTTP contract, against a real PostgreSQL.
 
-mod common;
-
-use common::{gateway, keyed, Api};
-use gateway::FenceCheck;
+use crate::common::{gateway, keyed, outcomes, wait_statements_waiting_for_a_lock, Api, Reply};
+use gateway::{FenceCheck, RunningGateway};
 use rand::Rng;
 use serde_json::{json, Value};
 
@@ -91,14 +89,8 @@ async fn equal_token_is_accepted_and_an_older_one_changes_nothing() {
         page.json,
         json!({"id": "p", "body": "b", "version": 2, "fence": {"issuer": "default", "token": 7}})
     );
-    let outcomes: Vec<_> = api
-        .history("p")
-        .await
-        .iter()
-        .map(|h| h["outcome"].as_str().unwrap().to_owned())
-        .collect();
     assert_eq!(
-        outcomes,
+        outcomes(&api.history("p").await),
         ["stale_token", "stale_token", "accepted", "accepted"]
     );
 }
@@ -106,19 +98,9 @@ async fn equal_token_is_accepted_and_an_older_one_changes_nothing() {
 #[tokio::test]
 async fn tokens_of_another_issuer_are_refused_with_issuer_mismatch() {
     let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
-    api.put(
-        "p",
-        "a",
-        &[("Fencing-Token", "5"), ("Fencing-Issuer", "redis:main")],
-    )
-    .await
-    .expect(201);
+    api.put_issued("p", "a", 5, "redis:main").await.expect(201);
     let r = api
-        .put(
-            "p",
-            "b",
-            &[("Fencing-Token", "500"), ("Fencing-Issuer", "zookeeper")],
-        )
+        .put_issued("p", "b", 500, "zookeeper")
         .await
         .expect_error(409, "issuer_mismatch");
     assert_eq!(r.json["current_issuer"], "redis:main");
@@ -167,14 +149,23 @@ async fn every_bad_input_gets_its_status_and_json_code_and_writes_nothing() {
     let page_url = api.url("/pages/p");
     let put = || api.http.put(&page_url).header("Fencing-Token", "9");
     let json_put = |v: Value| put().json(&v);
+    let with_token = |token: &str| {
+        api.http
+            .put(&page_url)
+            .header("Fencing-Token", token)
+            .json(&json!({"body": "x"}))
+    };
+    let with_id = |id: &str| {
+        api.http
+            .put(api.url(&format!("/pages/{id}")))
+            .header("Fencing-Token", "9")
+            .json(&json!({"body": "x"}))
+    };
 
     let cases: Vec<(&str, reqwest::RequestBuilder, u16, &str)> = vec![
         (
             "token not a number",
-            api.http
-                .put(&page_url)
-                .header("Fencing-Token", "abc")
-                .json(&json!({"body": "x"})),
+            with_token("abc"),
             400,
             "invalid_fencing_token",
         ),
@@ -186,40 +177,23 @@ async fn every_bad_input_gets_its_status_and_json_code_and_writes_nothing() {
         ),
         (
             "negative token",
-            api.http
-                .put(&page_url)
-                .header("Fencing-Token", "-1")
-                .json(&json!({"body": "x"})),
+            with_token("-1"),
             400,
             "invalid_fencing_token",
         ),
         (
             "token over i64::MAX",
-            api.http
-                .put(&page_url)
-                .header("Fencing-Token", "9223372036854775808")
-                .json(&json!({"body": "x"})),
+            with_token("9223372036854775808"),
             400,
             "invalid_fencing_token",
         ),
         (
             "fractional token",
-            api.http
-                .put(&page_url)
-                .header("Fencing-Token", "1.5")
-                .json(&json!({"body": "x"})),
+            with_token("1.5"),
             400,
             "invalid_fencing_token",
         ),
-        (
-            "empty token",
-            api.http
-                .put(&page_url)
-                .header("Fencing-Token", "")
-                .json(&json!({"body": "x"})),
-            400,
-            "invalid_fencing_token",
-        ),
+        ("empty token", with_token(""), 400, "invalid_fencing_token"),
         (
             "upper-case issuer",
             json_put(json!({"body": "x"})).header("Fencing-Issuer", "Redis"),
@@ -238,30 +212,16 @@ async fn every_bad_input_gets_its_status_and_json_code_and_writes_nothing() {
             400,
             "invalid_if_match",
         ),
-        (
-            "page id with a dot",
-            api.http
-                .put(api.url("/pages/a.b"))
-                .header("Fencing-Token", "9")
-                .json(&json!({"body": "x"})),
-            400,
-            "invalid_page_id",
-        ),
+        ("page id with a dot", with_id("a.b"), 400, "invalid_page_id"),
         (
             "page id of 129 chars",
-            api.http
-                .put(api.url(&format!("/pages/{}", "a".repeat(129))))
-                .header("Fencing-Token", "9")
-                .json(&json!({"body": "x"})),
+            with_id(&"a".repeat(129)),
             400,
             "invalid_page_id",
         ),
         (
             "page id with an escaped space",
-            api.http
-                .put(api.url("/pages/a%20b"))
-                .header("Fencing-Token", "9")
-                .json(&json!({"body": "x"})),
+            with_id("a%20b"),
             400,
             "invalid_page_id",
         ),
@@ -348,7 +308,7 @@ async fn every_bad_input_gets_its_status_and_json_code_and_writes_nothing() {
         json!({"id": "p", "body": "original", "version": 1, "fence": {"issuer": "default", "token": 5}})
     );
     assert_eq!(api.history("p").await.len(), 1, "bad input left history");
-    let list = api.send(api.http.get(api.url("/pages"))).await.expect(200);
+    let list = api.get_path("/pages").await.expect(200);
     assert_eq!(list.json["pages"].as_array().unwrap().len(), 1);
 }
 
@@ -366,11 +326,10 @@ async fn with_fencing_off_stale_writes_land_but_history_marks_them_stale() {
     api.put_fenced("p", "newest", 40).await.expect(200);
 
     let history = api.history("p").await;
-    let outcomes: Vec<_> = history
-        .iter()
-        .map(|h| h["outcome"].as_str().unwrap())
-        .collect();
-    assert_eq!(outcomes, ["accepted", "stale", "accepted", "accepted"]);
+    assert_eq!(
+        outcomes(&history),
+        ["accepted", "stale", "accepted", "accepted"]
+    );
     assert_eq!(history[1]["token"], 33);
     assert_eq!(history[0]["fence_token"], 40);
 }
@@ -381,11 +340,7 @@ async fn history_lists_every_attempt_newest_first_with_its_details() {
     // The key's client is the history's client_id; Client-Id may repeat it
     // or be left out.
     api.as_client("worker-1")
-        .put(
-            "p",
-            "a",
-            &[("Fencing-Token", "3"), ("Client-Id", "worker-1")],
-        )
+        .put_with_client_id("p", "a", 3, "worker-1")
         .await
         .expect(201);
     api.as_client("worker-2")
@@ -440,10 +395,7 @@ async fn history_lists_every_attempt_newest_first_with_its_details() {
     assert!(history[0]["seq"].as_i64() > history[1]["seq"].as_i64());
     assert!(history[0]["at"].is_string());
 
-    let limited = api
-        .send(api.http.get(api.url("/pages/p/history?limit=1")))
-        .await
-        .expect(200);
+    let limited = api.get_path("/pages/p/history?limit=1").await.expect(200);
     assert_eq!(limited.json["history"].as_array().unwrap().len(), 1);
 }
 
@@ -454,7 +406,7 @@ async fn list_health_readiness_and_metrics_answer() {
     api.put_fenced("a", "x", 1).await.expect(201);
     api.put_fenced("a", "x", 0).await.expect(409);
 
-    let list = api.send(api.http.get(api.url("/pages"))).await.expect(200);
+    let list = api.get_path("/pages").await.expect(200);
     assert_eq!(
         list.json["pages"],
         json!([
@@ -462,10 +414,8 @@ async fn list_health_readiness_and_metrics_answer() {
             {"id": "b", "version": 1, "fence": {"issuer": "default", "token": 2}},
         ])
     );
-    api.send(api.http.get(api.url("/healthz")))
-        .await
-        .expect(200);
-    api.send(api.http.get(api.url("/readyz"))).await.expect(200);
+    api.get_path("/healthz").await.expect(200);
+    api.get_path("/readyz").await.expect(200);
 
     let metrics = api
         .http
@@ -487,28 +437,26 @@ async fn list_health_readiness_and_metrics_answer() {
     assert!(metrics.contains("gateway_request_duration_seconds_bucket"));
 }
 
+/// Two gateways on one fresh database, each with its own pool: the only
+/// state they share is PostgreSQL. Their [`Api`]s write as `tester`.
+async fn two_gateways() -> (String, [RunningGateway; 2], [Api; 2]) {
+    let url = harness::fresh_database().await;
+    let spawn = || gateway::spawn_with_options(&url, keyed(FenceCheck::Enforce));
+    let gws = [spawn().await.unwrap(), spawn().await.unwrap()];
+    let apis = [0, 1].map(|i| Api::new(gws[i].url()).as_client("tester"));
+    (url, gws, apis)
+}
+
 /// One client request in the concurrency test, and what came back.
 struct Attempt {
     write: bool,
     token: i64,
-    status: u16,
-    json: Value,
+    reply: Reply,
 }
 
 #[tokio::test]
 async fn two_gateways_under_concurrent_random_tokens_never_accept_a_decreasing_token() {
-    let url = harness::fresh_database().await;
-    // Two gateways, each with its own pool: the only shared state is PostgreSQL.
-    let gw1 = gateway::spawn_with_options(&url, keyed(FenceCheck::Enforce))
-        .await
-        .unwrap();
-    let gw2 = gateway::spawn_with_options(&url, keyed(FenceCheck::Enforce))
-        .await
-        .unwrap();
-    let apis = [
-        Api::new(gw1.url()).as_client("tester"),
-        Api::new(gw2.url()).as_client("tester"),
-    ];
+    let (_, gws, apis) = two_gateways().await;
 
     let mut tasks = Vec::new();
     for client in 0..16 {
@@ -534,8 +482,7 @@ async fn two_gateways_under_concurrent_random_tokens_never_accept_a_decreasing_t
                 attempts.push(Attempt {
                     write,
                     token,
-                    status: reply.status.as_u16(),
-                    json: reply.json,
+                    reply,
                 });
             }
             attempts
@@ -550,25 +497,22 @@ async fn two_gateways_under_concurrent_random_tokens_never_accept_a_decreasing_t
     let mut accepted = 0;
     let mut max_accepted = 0;
     for a in &attempts {
-        match a.status {
+        let json = &a.reply.json;
+        match a.reply.status.as_u16() {
             200 | 201 => {
                 accepted += 1;
                 max_accepted = max_accepted.max(a.token);
             }
             404 => {
-                assert!(!a.write, "a write got 404: {}", a.json);
+                assert!(!a.write, "a write got 404: {json}");
                 accepted += 1; // fenced read of an unwritten page: its fence counts
                 max_accepted = max_accepted.max(a.token);
             }
             409 => {
-                assert_eq!(a.json["error"], "stale_token", "{}", a.json);
-                assert!(
-                    a.json["current_token"].as_i64().unwrap() > a.token,
-                    "{}",
-                    a.json
-                );
+                assert_eq!(json["error"], "stale_token", "{json}");
+                assert!(json["current_token"].as_i64().unwrap() > a.token, "{json}");
             }
-            s => panic!("unexpected {s}: {}", a.json),
+            s => panic!("unexpected {s}: {json}"),
         }
     }
 
@@ -613,15 +557,16 @@ async fn two_gateways_under_concurrent_random_tokens_never_accept_a_decreasing_t
     // The body is the one written by the write that produced the final version.
     let last_write = attempts
         .iter()
-        .find(|a| a.write && a.status < 300 && a.json["version"] == version)
+        .find(|a| a.write && a.reply.status.is_success() && a.reply.json["version"] == version)
         .expect("the final version's write");
-    assert_eq!(page.json["body"], last_write.json["body"]);
+    assert_eq!(page.json["body"], last_write.reply.json["body"]);
 
-    gw1.shutdown().await.unwrap();
-    gw2.shutdown().await.unwrap();
+    for gw in gws {
+        gw.shutdown().await.unwrap();
+    }
 }
 
-/// Issue 18: the insert path's race. Two first writers of a page, on two
+/// The insert path's race. Two first writers of a page, on two
 /// gateways, both find no row (a transaction holding an uncommitted insert
 /// of the page makes them queue on its primary key, then rolls back), so
 /// both take the insert path at once: exactly one creates the page (201),
@@ -631,17 +576,7 @@ async fn two_gateways_under_concurrent_random_tokens_never_accept_a_decreasing_t
 #[tokio::test]
 async fn two_first_writers_race_on_the_insert_path_and_exactly_one_creates_the_page() {
     use sqlx::Connection;
-    let url = harness::fresh_database().await;
-    let gw1 = gateway::spawn_with_options(&url, keyed(FenceCheck::Enforce))
-        .await
-        .unwrap();
-    let gw2 = gateway::spawn_with_options(&url, keyed(FenceCheck::Enforce))
-        .await
-        .unwrap();
-    let apis = [
-        Api::new(gw1.url()).as_client("tester"),
-        Api::new(gw2.url()).as_client("tester"),
-    ];
+    let (url, gws, apis) = two_gateways().await;
 
     let mut blocker = sqlx::PgConnection::connect(&url).await.unwrap();
     sqlx::query("begin").execute(&mut blocker).await.unwrap();
@@ -662,26 +597,7 @@ async fn two_first_writers_race_on_the_insert_path_and_exactly_one_creates_the_p
         })
         .collect();
     // Both wait on the uncommitted row's key: both took the insert path.
-    let url_ref = url.as_str();
-    harness::wait_until(std::time::Duration::from_secs(20), || async move {
-        let mut watcher = sqlx::PgConnection::connect(url_ref)
-            .await
-            .map_err(|e| e.to_string())?;
-        let waiting = sqlx::query_scalar::<_, i64>(
-            "select count(*) from pg_stat_activity
-             where application_name = 'gateway' and wait_event_type = 'Lock'
-               and datname = current_database()",
-        )
-        .fetch_one(&mut watcher)
-        .await
-        .map_err(|e| e.to_string())?;
-        match waiting {
-            2 => Ok(()),
-            n => Err(format!("{n} waiting")),
-        }
-    })
-    .await
-    .expect("both first writers wait on the page's key");
+    wait_statements_waiting_for_a_lock(&url, 2).await;
     sqlx::query("rollback").execute(&mut blocker).await.unwrap();
 
     let mut results = Vec::new();
@@ -727,6 +643,7 @@ async fn two_first_writers_race_on_the_insert_path_and_exactly_one_creates_the_p
     );
     let page = apis[1].get("race", &[]).await.expect(200);
     assert_eq!(page.json["fence"]["token"], 7);
-    gw1.shutdown().await.unwrap();
-    gw2.shutdown().await.unwrap();
+    for gw in gws {
+        gw.shutdown().await.unwrap();
+    }
 }

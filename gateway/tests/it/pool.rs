@@ -1,15 +1,13 @@
-//! Issue 18: the request pool and a half-open database connection. A proxy
+//! The request pool and a half-open database connection. A proxy
 //! between the gateway and PostgreSQL stops forwarding (what a crashed host
 //! or a dropped NAT entry looks like from the gateway: the connection stays
 //! open and nothing answers). A connection that sat idle is pinged before
 //! reuse, found dead and replaced; the request fails fast with 503 instead
 //! of hanging until its deadline, and the pool heals once the path is back.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{keyed, Api};
+use crate::common::{keyed, Api};
 use gateway::{FenceCheck, PoolOptions};
 use harness::proxy::{via_proxy, DelayProxy, Mode};
 use tokio::time::Instant;

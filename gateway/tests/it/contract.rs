@@ -2,9 +2,7 @@
 //! (tests/tests/openapi_fuzz.rs), each fixed in the gateway and pinned here
 //! on a real PostgreSQL.
 
-mod common;
-
-use common::{gateway, gateway_with, keyed, ADMIN};
+use crate::common::{gateway, gateway_with, keyed, ADMIN};
 use gateway::{AuthMode, FenceCheck, GatewayOptions};
 use serde_json::{json, Value};
 
@@ -12,20 +10,14 @@ use serde_json::{json, Value};
 async fn openapi_json_is_the_3_1_description_of_every_route_and_docs_serve_swagger_ui() {
     let (gw, _api, _) = gateway(FenceCheck::Enforce).await;
     let http = reqwest::Client::new();
+    let get = |path: &str| http.get(format!("{}{path}", gw.url())).send();
 
-    let spec = http
-        .get(format!("{}/openapi.json", gw.url()))
-        .send()
-        .await
-        .unwrap();
+    let spec = get("/openapi.json").await.unwrap();
     assert_eq!(spec.status(), 200);
     assert_eq!(spec.headers()["content-type"], "application/json");
     let spec: Value = spec.json().await.unwrap();
     assert_eq!(spec["openapi"], "3.1.0");
-    assert_eq!(
-        spec,
-        serde_json::to_value(gateway::openapi::description()).unwrap()
-    );
+    assert_eq!(&spec, gateway::http::description());
     let put = &spec["paths"]["/pages/{id}"]["put"];
     let headers: Vec<&str> = put["parameters"]
         .as_array()
@@ -49,18 +41,12 @@ async fn openapi_json_is_the_3_1_description_of_every_route_and_docs_serve_swagg
         json!([{"admin_key": []}])
     );
 
-    let docs = http
-        .get(format!("{}/docs/", gw.url()))
-        .send()
-        .await
-        .unwrap();
+    let docs = get("/docs/").await.unwrap();
     assert_eq!(docs.status(), 200);
     assert!(docs.text().await.unwrap().contains("swagger-ui-bundle.js"));
     // Swagger UI reads this gateway's description, and asks nobody else to
     // validate it.
-    let init = http
-        .get(format!("{}/docs/swagger-initializer.js", gw.url()))
-        .send()
+    let init = get("/docs/swagger-initializer.js")
         .await
         .unwrap()
         .text()
@@ -68,11 +54,7 @@ async fn openapi_json_is_the_3_1_description_of_every_route_and_docs_serve_swagg
         .unwrap();
     assert!(init.contains("\"/openapi.json\""), "{init}");
     assert!(init.contains("\"validatorUrl\": \"none\""), "{init}");
-    let missing = http
-        .get(format!("{}/docs/nothing-here.js", gw.url()))
-        .send()
-        .await
-        .unwrap();
+    let missing = get("/docs/nothing-here.js").await.unwrap();
     assert_eq!(missing.status(), 404);
     assert_eq!(missing.json::<Value>().await.unwrap()["error"], "not_found");
 }
@@ -93,13 +75,9 @@ async fn client_id_with_a_tab_or_a_space_is_refused_and_leaves_no_history() {
     }
     assert_eq!(api.snapshot("p").await, (None, vec![]));
     // Leading and trailing spaces are the header's, not the value's.
-    api.put(
-        "p",
-        "x",
-        &[("Fencing-Token", "1"), ("Client-Id", " alice ")],
-    )
-    .await
-    .expect(201);
+    api.put_with_client_id("p", "x", 1, " alice ")
+        .await
+        .expect(201);
     assert_eq!(api.history("p").await[0]["client_id"], "alice");
 }
 
@@ -114,14 +92,8 @@ async fn admin_fence_token_written_as_an_integral_number_with_a_fraction_is_take
     let set = |token: Value| {
         let admin = admin.clone();
         async move {
-            admin
-                .send(
-                    admin
-                        .http
-                        .post(admin.url("/admin/pages/p/fence"))
-                        .json(&json!({"issuer": "default", "token": token, "reason": "fuzz"})),
-                )
-                .await
+            let body = json!({"issuer": "default", "token": token, "reason": "fuzz"});
+            admin.set_fence("p", &body).await
         }
     };
     let reply = set(json!(28.0)).await.expect(200);

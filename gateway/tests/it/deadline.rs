@@ -1,17 +1,16 @@
-//! Issue 18: a request whose deadline passes answers what happened. Before
+//! A request whose deadline passes answers what happened. Before
 //! its statement was sent: 504 `timeout`, nothing written. After: the
 //! statement's own result if it finishes within the outcome wait, else 504
 //! `outcome_unknown`, and never an error for a write that lands. The
 //! statement is held up the way production would hold it: another
 //! transaction holds the page's row lock.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{keyed, Api};
+use crate::common::{keyed, wait_statements_waiting_for_a_lock, Api, Reply};
 use gateway::FenceCheck;
 use sqlx::{Connection, PgConnection};
+use tokio::task::JoinHandle;
 
 /// A transaction holding page `id`'s row lock until [`RowLock::release`].
 struct RowLock(PgConnection);
@@ -34,29 +33,24 @@ impl RowLock {
     }
 }
 
-/// Wait (bounded) until `n` statements of the gateway wait for a lock.
-async fn gateway_statements_waiting_for_a_lock(url: &str, n: i64) {
-    harness::wait_until(Duration::from_secs(20), || async move {
-        let mut conn = PgConnection::connect(url)
-            .await
-            .map_err(|e| e.to_string())?;
-        let waiting = sqlx::query_scalar::<_, i64>(
-            "select count(*) from pg_stat_activity
-             where application_name = 'gateway' and wait_event_type = 'Lock'
-               and datname = current_database()",
-        )
-        .fetch_one(&mut conn)
-        .await;
-        {
-            match waiting {
-                Ok(waiting) if waiting == n => Ok(()),
-                Ok(waiting) => Err(format!("{waiting} statements waiting, expected {n}")),
-                Err(e) => Err(e.to_string()),
-            }
+/// Wait (bounded) until the deadlines of `n` requests passed while their
+/// statement was in flight.
+async fn wait_deadlines_passed_in_flight(gw: &gateway::RunningGateway, n: u64) {
+    harness::wait_until(Duration::from_secs(20), || async {
+        match gw.state().metrics.deadlines_passed_in_flight() {
+            passed if passed == n => Ok(()),
+            passed => Err(format!("{passed} deadlines passed in flight")),
         }
     })
     .await
-    .expect("the gateway's statements wait for the row lock");
+    .expect("the deadline passes while the statement waits");
+}
+
+/// A PUT of page `p` in a task of its own, so that the test can go on while
+/// it waits for the row lock.
+fn put_p_in_background(api: &Api, body: &'static str, token: u64) -> JoinHandle<Reply> {
+    let api = api.clone();
+    tokio::spawn(async move { api.put_fenced("p", body, token).await })
 }
 
 async fn gateway_with(
@@ -64,7 +58,7 @@ async fn gateway_with(
     outcome_wait: Duration,
     pool: u32,
 ) -> (gateway::RunningGateway, Api, String) {
-    common::gateway_with(
+    crate::common::gateway_with(
         keyed(FenceCheck::Enforce)
             .request_timeout(request)
             .outcome_wait(outcome_wait)
@@ -119,18 +113,8 @@ async fn a_write_that_finishes_within_the_outcome_wait_is_answered_with_its_resu
     api.put_fenced("p", "first", 1).await.expect(201);
 
     let lock = RowLock::take(&url, "p").await;
-    let late = tokio::spawn({
-        let api = api.clone();
-        async move { api.put_fenced("p", "second", 2).await }
-    });
-    harness::wait_until(Duration::from_secs(20), || async {
-        match gw.state().metrics.deadlines_passed_in_flight() {
-            1 => Ok(()),
-            n => Err(format!("{n} deadlines passed in flight")),
-        }
-    })
-    .await
-    .expect("the deadline passes while the statement waits");
+    let late = put_p_in_background(&api, "second", 2);
+    wait_deadlines_passed_in_flight(&gw, 1).await;
     lock.release().await;
 
     let reply = late.await.unwrap().expect(200);
@@ -139,18 +123,8 @@ async fn a_write_that_finishes_within_the_outcome_wait_is_answered_with_its_resu
 
     // A refusal that finishes late is answered as the refusal it is.
     let lock = RowLock::take(&url, "p").await;
-    let late = tokio::spawn({
-        let api = api.clone();
-        async move { api.put_fenced("p", "stale", 1).await }
-    });
-    harness::wait_until(Duration::from_secs(20), || async {
-        match gw.state().metrics.deadlines_passed_in_flight() {
-            2 => Ok(()),
-            n => Err(format!("{n} deadlines passed in flight")),
-        }
-    })
-    .await
-    .expect("the deadline passes while the statement waits");
+    let late = put_p_in_background(&api, "stale", 1);
+    wait_deadlines_passed_in_flight(&gw, 2).await;
     lock.release().await;
     late.await.unwrap().expect_error(409, "stale_token");
 }
@@ -164,11 +138,8 @@ async fn a_request_whose_deadline_passes_before_its_statement_is_sent_answers_ti
     api.put_fenced("p", "first", 1).await.expect(201);
 
     let lock = RowLock::take(&url, "p").await;
-    let blocked = tokio::spawn({
-        let api = api.clone();
-        async move { api.put_fenced("p", "second", 2).await }
-    });
-    gateway_statements_waiting_for_a_lock(&url, 1).await;
+    let blocked = put_p_in_background(&api, "second", 2);
+    wait_statements_waiting_for_a_lock(&url, 1).await;
     api.put_fenced("q", "never", 1)
         .await
         .expect_error(504, "timeout");

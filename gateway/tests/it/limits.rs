@@ -2,11 +2,9 @@
 //! line is cut off after the header-read timeout while others are served, and
 //! connections beyond the cap wait to be accepted instead of breaking anything.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{gateway_with, keyed, Api};
+use crate::common::{gateway_with, keyed, Api};
 use gateway::FenceCheck;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

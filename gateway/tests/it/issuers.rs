@@ -1,42 +1,38 @@
-//! Issue 12: every fencing token is checked with the lock service that issued
-//! it. Real Redis, ZooKeeper, PostgreSQL and MariaDB; locks taken with
+//! Every fencing token is checked with the lock service that issued it. Real Redis, ZooKeeper, PostgreSQL and MariaDB; locks taken with
 //! `fencelock` under each client's id, as the worker takes them.
-
-mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{gateway_with, keyed, Api};
+use crate::common::{gateway_with, keyed, Api, Reply};
 use fencelock::lease_table::LeaseTable;
 use fencelock::redis::RedisLock;
 use fencelock::zookeeper::ZooKeeperLock;
-use fencelock::{Lease, LockService};
+use fencelock::{Backend, Lease, LockService};
 use gateway::FenceCheck;
 use rand::Rng;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const PAGE: &str = "shared";
 const LOCK: &str = "page:shared";
 const TTL: Duration = Duration::from_secs(15);
 /// Generous: the machine is shared; the rejection tests set their own.
 const ISSUER_TIMEOUT: Duration = Duration::from_secs(5);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Redis,
-    ZooKeeper,
-    LeasePostgres,
-    LeaseMysql,
-}
+/// The backends that mint tokens, as the worker takes their locks.
+const ISSUERS: [Backend; 4] = [
+    Backend::Redis,
+    Backend::Zookeeper,
+    Backend::LeasePostgres,
+    Backend::LeaseMysql,
+];
 
 /// A running lock service, and how the gateway and the clients reach it.
 struct Issuer {
     backend: Backend,
     url: String,
     redis: Option<harness::Redis>,
-    _zookeeper: Option<harness::ZooKeeper>,
+    zookeeper: Option<harness::ZooKeeper>,
 }
 
 impl Issuer {
@@ -45,7 +41,7 @@ impl Issuer {
             backend,
             url: String::new(),
             redis: None,
-            _zookeeper: None,
+            zookeeper: None,
         };
         match backend {
             Backend::Redis => {
@@ -53,106 +49,49 @@ impl Issuer {
                 issuer.url = redis.url();
                 issuer.redis = Some(redis);
             }
-            Backend::ZooKeeper => {
+            Backend::Zookeeper => {
                 let zk = harness::ZooKeeper::start().await;
                 issuer.url = format!("zookeeper://{}", zk.connect_string());
-                issuer._zookeeper = Some(zk);
+                issuer.zookeeper = Some(zk);
             }
             Backend::LeasePostgres => issuer.url = harness::fresh_database().await,
             Backend::LeaseMysql => issuer.url = harness::fresh_mysql_database().await,
+            other => panic!("{other} is not an issuer of these tests"),
         }
         issuer
     }
 
     /// The `Fencing-Issuer` its leases carry, which the gateway is told.
     fn name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// A lock service for `client` (every grant records that client id),
+    /// fair (the worker's default) or not (its `--fair false`).
+    async fn locks(&self, client: &str, fair: bool) -> Arc<dyn LockService> {
+        /// The variant asked for, of a connected lock service.
+        macro_rules! variant {
+            ($connect:expr) => {{
+                let locks = $connect.await.unwrap().with_client_id(client).unwrap();
+                Arc::new(if fair { locks } else { locks.non_fair() })
+            }};
+        }
         match self.backend {
-            Backend::Redis => "redis",
-            Backend::ZooKeeper => "zookeeper",
-            Backend::LeasePostgres => "lease-postgres",
-            Backend::LeaseMysql => "lease-mysql",
+            Backend::Redis => variant!(RedisLock::connect(&self.url)),
+            Backend::Zookeeper => variant!(ZooKeeperLock::connect(
+                self.url.trim_start_matches("zookeeper://"),
+                Duration::from_secs(10),
+            )),
+            Backend::LeasePostgres => variant!(LeaseTable::postgres(&self.url)),
+            Backend::LeaseMysql => variant!(LeaseTable::mysql(&self.url)),
+            other => panic!("{other} is not an issuer of these tests"),
         }
     }
 
-    /// A lock service for `client`: every grant records that client id.
-    async fn locks(&self, client: &str) -> Arc<dyn LockService> {
-        match self.backend {
-            Backend::Redis => Arc::new(
-                RedisLock::connect(&self.url)
-                    .await
-                    .unwrap()
-                    .with_client_id(client)
-                    .unwrap(),
-            ),
-            Backend::ZooKeeper => Arc::new(
-                ZooKeeperLock::connect(
-                    self.url.trim_start_matches("zookeeper://"),
-                    Duration::from_secs(10),
-                )
-                .await
-                .unwrap()
-                .with_client_id(client)
-                .unwrap(),
-            ),
-            Backend::LeasePostgres => Arc::new(
-                LeaseTable::postgres(&self.url)
-                    .await
-                    .unwrap()
-                    .with_client_id(client)
-                    .unwrap(),
-            ),
-            Backend::LeaseMysql => Arc::new(
-                LeaseTable::mysql(&self.url)
-                    .await
-                    .unwrap()
-                    .with_client_id(client)
-                    .unwrap(),
-            ),
-        }
-    }
-
-    /// [`Issuer::locks`], fair (the default) or not, as the worker's `--fair`.
-    async fn locks_variant(&self, client: &str, fair: bool) -> Arc<dyn LockService> {
-        if fair {
-            return self.locks(client).await;
-        }
-        match self.backend {
-            Backend::Redis => Arc::new(
-                RedisLock::connect(&self.url)
-                    .await
-                    .unwrap()
-                    .with_client_id(client)
-                    .unwrap()
-                    .non_fair(),
-            ),
-            Backend::ZooKeeper => Arc::new(
-                ZooKeeperLock::connect(
-                    self.url.trim_start_matches("zookeeper://"),
-                    Duration::from_secs(10),
-                )
-                .await
-                .unwrap()
-                .with_client_id(client)
-                .unwrap()
-                .non_fair(),
-            ),
-            Backend::LeasePostgres => Arc::new(
-                LeaseTable::postgres(&self.url)
-                    .await
-                    .unwrap()
-                    .with_client_id(client)
-                    .unwrap()
-                    .non_fair(),
-            ),
-            Backend::LeaseMysql => Arc::new(
-                LeaseTable::mysql(&self.url)
-                    .await
-                    .unwrap()
-                    .with_client_id(client)
-                    .unwrap()
-                    .non_fair(),
-            ),
-        }
+    /// Fencing enforced, with this issuer timeout.
+    fn enforcing(&self, issuer_timeout: Duration) -> gateway::GatewayOptions {
+        self.options(FenceCheck::Enforce)
+            .issuer_timeout(issuer_timeout)
     }
 
     fn options(&self, fencing: FenceCheck) -> gateway::GatewayOptions {
@@ -169,34 +108,78 @@ async fn acquire(locks: &Arc<dyn LockService>) -> Lease {
         .expect("acquire the page's lock")
 }
 
-/// The fencing headers of a lease.
-fn fenced(lease: &Lease) -> [(&'static str, String); 2] {
-    [
-        ("Fencing-Token", lease.token().unwrap().to_string()),
-        ("Fencing-Issuer", lease.issuer().to_owned()),
-    ]
+/// A token offered to the gateway on [`PAGE`]: `Fencing-Token`,
+/// `Fencing-Issuer`, and `Client-Id` when the sender poses as someone.
+#[derive(Clone)]
+struct Offer {
+    token: u64,
+    issuer: String,
+    client_id: Option<String>,
 }
 
-fn headers<'a>(h: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
-    h.iter().map(|(k, v)| (*k, v.as_str())).collect()
+impl Offer {
+    /// A token of `issuer`, whether anybody holds it or not.
+    fn new(issuer: &str, token: u64) -> Offer {
+        Offer {
+            token,
+            issuer: issuer.to_owned(),
+            client_id: None,
+        }
+    }
+
+    /// The lease's own token.
+    fn of(lease: &Lease) -> Offer {
+        Offer::new(lease.issuer(), lease.token().unwrap().get())
+    }
+
+    /// PUT `body` with this token.
+    async fn put(&self, client: &Api, body: &str) -> Reply {
+        self.send(client, PAGE, Some(body)).await
+    }
+
+    /// A fenced GET of `page` with this token.
+    async fn get(&self, client: &Api, page: &str) -> Reply {
+        self.send(client, page, None).await
+    }
+
+    async fn send(&self, client: &Api, page: &str, body: Option<&str>) -> Reply {
+        let token = self.token.to_string();
+        let mut headers = vec![
+            ("Fencing-Token", token.as_str()),
+            ("Fencing-Issuer", self.issuer.as_str()),
+        ];
+        if let Some(who) = &self.client_id {
+            headers.push(("Client-Id", who));
+        }
+        match body {
+            Some(body) => client.put(page, body, &headers).await,
+            None => client.get(page, &headers).await,
+        }
+    }
 }
 
-/// Headers for a token of `issuer` that `lease` does not hold.
-fn token_headers(issuer: &str, token: u64) -> [(&'static str, String); 2] {
-    [
-        ("Fencing-Token", token.to_string()),
-        ("Fencing-Issuer", issuer.to_owned()),
-    ]
+/// PUT `body` on [`PAGE`] until the gateway reaches the issuer (bounded):
+/// the first answer that is not 503.
+async fn put_once_the_issuer_answers(client: &Api, body: &str, offer: &Offer) -> Reply {
+    harness::wait_until(Duration::from_secs(30), || async {
+        let reply = offer.put(client, body).await;
+        match reply.status.as_u16() {
+            503 => Err(format!("still {}", reply.json)),
+            _ => Ok(reply),
+        }
+    })
+    .await
+    .expect("the gateway reaches the issuer once it is up")
 }
 
 #[track_caller]
-fn assert_not_current(reply: common::Reply, offered: u64, holder: Option<u64>) {
+fn assert_not_current(reply: Reply, offered: u64, holder: Option<u64>) {
     let reply = reply.expect_error(409, "token_not_current");
     assert_eq!(reply.json["offered_token"], offered, "{}", reply.json);
     assert_eq!(reply.json["holder_token"], json!(holder), "{}", reply.json);
 }
 
-// ---- every lock variant the worker can run (issue 13) ----
+// ---- every lock variant the worker can run ----
 
 /// The worker holds the fair lock (its default) or the non-fair one
 /// (`--fair false`); Redis keeps either holder in one hash, the lease tables
@@ -204,31 +187,20 @@ fn assert_not_current(reply: common::Reply, offered: u64, holder: Option<u64>) {
 /// holder of each: its write lands, and its token stops counting at release.
 #[tokio::test]
 async fn fair_and_non_fair_holders_of_every_issuer_write_and_their_tokens_end_at_release() {
-    for backend in [
-        Backend::Redis,
-        Backend::ZooKeeper,
-        Backend::LeasePostgres,
-        Backend::LeaseMysql,
-    ] {
+    for backend in ISSUERS {
         let issuer = Issuer::start(backend).await;
         let (_gw, api, _) = gateway_with(issuer.options(FenceCheck::Enforce)).await;
         let alice = api.as_client("alice");
         for (fair, status) in [(true, 201), (false, 200)] {
-            let lease = acquire(&issuer.locks_variant("alice", fair).await).await;
+            let lease = acquire(&issuer.locks("alice", fair).await).await;
             let t = lease.token().unwrap().get();
-            alice
-                .put(
-                    PAGE,
-                    &format!("{backend:?}, fair {fair}"),
-                    &headers(&fenced(&lease)),
-                )
+            Offer::of(&lease)
+                .put(&alice, &format!("{backend}, fair {fair}"))
                 .await
                 .expect(status);
             lease.release().await.unwrap();
             assert_not_current(
-                alice
-                    .put(PAGE, "late", &headers(&token_headers(issuer.name(), t)))
-                    .await,
+                Offer::new(issuer.name(), t).put(&alice, "late").await,
                 t,
                 None,
             );
@@ -245,24 +217,22 @@ async fn every_token_the_issuer_did_not_grant_to_this_client_is_refused_and_writ
     let alice = api.as_client("alice");
     let bob = api.as_client("bob");
 
-    let lease = acquire(&issuer.locks("alice").await).await;
+    let lease = acquire(&issuer.locks("alice", true).await).await;
     let t = lease.token().unwrap().get();
-    alice
-        .put(PAGE, "by alice", &headers(&fenced(&lease)))
-        .await
-        .expect(201);
+    Offer::of(&lease).put(&alice, "by alice").await.expect(201);
     let (page, mut history) = api.snapshot(PAGE).await;
 
     // Not an issuer of this gateway (also the default issuer): no history row.
+    let token = t.to_string();
     for h in [
         vec![
-            ("Fencing-Token", t.to_string()),
-            ("Fencing-Issuer", "zookeeper".into()),
+            ("Fencing-Token", token.as_str()),
+            ("Fencing-Issuer", "zookeeper"),
         ],
-        vec![("Fencing-Token", t.to_string())],
+        vec![("Fencing-Token", token.as_str())],
     ] {
         let r = alice
-            .put(PAGE, "x", &headers(&h))
+            .put(PAGE, "x", &h)
             .await
             .expect_error(409, "unknown_issuer");
         assert_eq!(r.json["known"], json!(["redis"]), "{}", r.json);
@@ -287,10 +257,10 @@ async fn every_token_the_issuer_did_not_grant_to_this_client_is_refused_and_writ
         ("future, fenced read", &alice, "GET", t + 1, "alice"),
     ];
     for (what, client, method, token, who) in cases {
-        let h = token_headers("redis", token);
+        let offer = Offer::new("redis", token);
         let reply = match method {
-            "PUT" => client.put(PAGE, "forged", &headers(&h)).await,
-            _ => client.get(PAGE, &headers(&h)).await,
+            "PUT" => offer.put(client, "forged").await,
+            _ => offer.get(client, PAGE).await,
         };
         assert_not_current(reply, token, Some(t));
         let (now_page, now_history) = api.snapshot(PAGE).await;
@@ -314,8 +284,7 @@ async fn every_token_the_issuer_did_not_grant_to_this_client_is_refused_and_writ
 
     // A fenced read of a page nobody wrote, with a forged token, fences nothing.
     assert_not_current(
-        bob.get("unwritten", &headers(&token_headers("redis", 1 << 40)))
-            .await,
+        Offer::new("redis", 1 << 40).get(&bob, "unwritten").await,
         1 << 40,
         None,
     );
@@ -323,13 +292,7 @@ async fn every_token_the_issuer_did_not_grant_to_this_client_is_refused_and_writ
 
     // Released: the token is no longer current, even for its own client.
     lease.release().await.unwrap();
-    assert_not_current(
-        alice
-            .put(PAGE, "late", &headers(&token_headers("redis", t)))
-            .await,
-        t,
-        None,
-    );
+    assert_not_current(Offer::new("redis", t).put(&alice, "late").await, t, None);
     assert_eq!(api.snapshot(PAGE).await.0, page);
 }
 
@@ -338,21 +301,16 @@ async fn an_issuer_down_at_start_answers_503_then_the_gateway_recovers_by_itself
     let mut issuer = Issuer::start(Backend::Redis).await;
     issuer.redis.as_mut().unwrap().kill();
     // The gateway starts while its issuer is down.
-    let (_gw, api, _) = gateway_with(
-        issuer
-            .options(FenceCheck::Enforce)
-            .issuer_timeout(Duration::from_millis(500)),
-    )
-    .await;
+    let (_gw, api, _) = gateway_with(issuer.enforcing(Duration::from_millis(500))).await;
     let alice = api.as_client("alice");
-    let h = token_headers("redis", 1);
-    let r = alice
-        .put(PAGE, "unchecked", &headers(&h))
+    let offer = Offer::new("redis", 1);
+    let r = offer
+        .put(&alice, "unchecked")
         .await
         .expect_error(503, "issuer_unavailable");
     assert_eq!(r.json["issuer"], "redis");
-    alice
-        .get(PAGE, &headers(&h))
+    offer
+        .get(&alice, PAGE)
         .await
         .expect_error(503, "issuer_unavailable");
     assert_eq!(
@@ -361,95 +319,51 @@ async fn an_issuer_down_at_start_answers_503_then_the_gateway_recovers_by_itself
         "a 503 wrote something"
     );
     // Unfenced reads and the rest do not depend on the issuer.
-    api.send(api.http.get(api.url("/readyz"))).await.expect(200);
+    api.get_path("/readyz").await.expect(200);
 
     issuer.redis.as_mut().unwrap().start_again().await;
-    let lease = acquire(&issuer.locks("alice").await).await;
-    let fenced = fenced(&lease);
-    let first = harness::wait_until(Duration::from_secs(30), || {
-        let (alice, fenced) = (alice.clone(), fenced.clone());
-        async move {
-            let reply = alice.put(PAGE, "checked", &headers(&fenced)).await;
-            match reply.status.as_u16() {
-                503 => Err(format!("still {}", reply.json)),
-                _ => Ok(reply),
-            }
-        }
-    })
-    .await
-    .expect("the gateway reaches the issuer once it is up");
-    first.expect(201);
+    let lease = acquire(&issuer.locks("alice", true).await).await;
+    let offer = Offer::of(&lease);
+    put_once_the_issuer_answers(&alice, "checked", &offer)
+        .await
+        .expect(201);
 
     // Slower than the issuer timeout (the server frozen): 503, in bounded time.
     issuer.redis.as_mut().unwrap().process().pause();
     let started = std::time::Instant::now();
-    alice
-        .put(PAGE, "while frozen", &headers(&fenced))
+    offer
+        .put(&alice, "while frozen")
         .await
         .expect_error(503, "issuer_unavailable");
     let waited = started.elapsed();
     issuer.redis.as_mut().unwrap().process().resume();
     assert!(waited < Duration::from_secs(5), "took {waited:?}");
     assert_eq!(api.get(PAGE, &[]).await.expect(200).json["body"], "checked");
-    alice
-        .put(PAGE, "after", &headers(&fenced))
-        .await
-        .expect(200);
+    offer.put(&alice, "after").await.expect(200);
 }
 
 #[tokio::test]
 async fn a_zookeeper_restart_answers_503_while_it_is_down_and_the_gateway_recovers_by_itself() {
-    let mut zk = harness::ZooKeeper::start().await;
-    let url = format!("zookeeper://{}", zk.connect_string());
-    let (_gw, api, _) = gateway_with(
-        keyed(FenceCheck::Enforce)
-            .issuer("zookeeper", &url)
-            .issuer_timeout(Duration::from_secs(1)),
-    )
-    .await;
+    let mut issuer = Issuer::start(Backend::Zookeeper).await;
+    let (_gw, api, _) = gateway_with(issuer.enforcing(Duration::from_secs(1))).await;
     let alice = api.as_client("alice");
-    let locks = |url: String| async move {
-        Arc::new(
-            ZooKeeperLock::connect(
-                url.trim_start_matches("zookeeper://"),
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap()
-            .with_client_id("alice")
-            .unwrap(),
-        ) as Arc<dyn LockService>
-    };
-    let lease = acquire(&locks(url.clone()).await).await;
-    alice
-        .put(PAGE, "before", &headers(&fenced(&lease)))
-        .await
-        .expect(201);
+    let lease = acquire(&issuer.locks("alice", true).await).await;
+    Offer::of(&lease).put(&alice, "before").await.expect(201);
 
+    let zk = issuer.zookeeper.as_mut().unwrap();
     zk.kill();
-    alice
-        .put(PAGE, "during", &headers(&fenced(&lease)))
+    Offer::of(&lease)
+        .put(&alice, "during")
         .await
         .expect_error(503, "issuer_unavailable");
     assert_eq!(api.get(PAGE, &[]).await.expect(200).json["body"], "before");
 
     zk.start_again().await;
     drop(lease);
-    let lease = acquire(&locks(url).await).await;
-    let fenced = fenced(&lease);
-    let reply = harness::wait_until(Duration::from_secs(30), || {
-        let (alice, fenced) = (alice.clone(), fenced.clone());
-        async move {
-            let reply = alice.put(PAGE, "after", &headers(&fenced)).await;
-            match reply.status.as_u16() {
-                503 => Err(format!("still {}", reply.json)),
-                _ => Ok(reply),
-            }
-        }
-    })
-    .await
-    .expect("the gateway asks ZooKeeper again once it is back");
-    reply.expect(200);
+    let lease = acquire(&issuer.locks("alice", true).await).await;
+    put_once_the_issuer_answers(&alice, "after", &Offer::of(&lease))
+        .await
+        .expect(200);
     lease.release().await.unwrap();
 }
 
@@ -458,34 +372,18 @@ async fn with_fencing_off_no_issuer_is_asked() {
     // An issuer nobody listens on: with fencing on it could only answer 503.
     let dead = format!("redis://127.0.0.1:{}/", harness::free_port());
     let (_gw, api, _) = gateway_with(keyed(FenceCheck::Off).issuer("redis", &dead)).await;
-    api.put(
-        PAGE,
-        "x",
-        &[("Fencing-Token", "5"), ("Fencing-Issuer", "redis")],
-    )
-    .await
-    .expect(201);
+    api.put_issued(PAGE, "x", 5, "redis").await.expect(201);
     // Not even the issuer's name is looked at: fencing off checks nothing.
-    api.put(
-        PAGE,
-        "y",
-        &[("Fencing-Token", "5"), ("Fencing-Issuer", "elsewhere")],
-    )
-    .await
-    .expect(200);
+    api.put_issued(PAGE, "y", 5, "elsewhere").await.expect(200);
     let (_gw2, api2, _) = gateway_with(
         keyed(FenceCheck::Enforce)
             .issuer("redis", &dead)
             .issuer_timeout(Duration::from_millis(200)),
     )
     .await;
-    api2.put(
-        PAGE,
-        "x",
-        &[("Fencing-Token", "5"), ("Fencing-Issuer", "redis")],
-    )
-    .await
-    .expect_error(503, "issuer_unavailable");
+    api2.put_issued(PAGE, "x", 5, "redis")
+        .await
+        .expect_error(503, "issuer_unavailable");
 }
 
 // ---- the headline: two keyed workers and a forger on one page ----
@@ -493,8 +391,7 @@ async fn with_fencing_off_no_issuer_is_asked() {
 /// What the forger sent, and what came back.
 struct Forgery {
     what: &'static str,
-    status: u16,
-    json: Value,
+    reply: Reply,
 }
 
 async fn workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(backend: Backend) {
@@ -515,22 +412,22 @@ async fn workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(back
             granted.clone(),
         );
         workers.push(tokio::spawn(async move {
-            let locks = issuer.locks(name).await;
+            let locks = issuer.locks(name, true).await;
             let mut acknowledged = Vec::new();
             for n in 0..EDITS {
                 let lease = acquire(&locks).await;
                 let token = lease.token().unwrap().get();
                 granted.lock().unwrap().push(token);
                 *holder.lock().unwrap() = Some((name.to_owned(), token));
-                let h = fenced(&lease);
-                let read = api.get(PAGE, &headers(&h)).await;
+                let offer = Offer::of(&lease);
+                let read = offer.get(&api, PAGE).await;
                 let body = match read.status.as_u16() {
                     200 => read.json["body"].as_str().unwrap().to_owned(),
                     404 => String::new(),
                     s => panic!("{name}'s fenced read: {s} {}", read.json),
                 };
                 let line = format!("{name} #{n} token={token}\n");
-                let reply = api.put(PAGE, &format!("{body}{line}"), &headers(&h)).await;
+                let reply = offer.put(&api, &format!("{body}{line}")).await;
                 assert!(
                     reply.status.is_success(),
                     "{name}'s edit with its own current token was refused: {} {}",
@@ -570,23 +467,16 @@ async fn workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(back
                         None => ("guessed", guess, None),
                     },
                 };
-                let mut h = vec![
-                    ("Fencing-Token", token.to_string()),
-                    ("Fencing-Issuer", issuer_name.to_owned()),
-                ];
-                if let Some(who) = client_id {
-                    h.push(("Client-Id", who));
-                }
-                let reply = if round.is_multiple_of(2) {
-                    mallory.put(PAGE, "forged by mallory", &headers(&h)).await
-                } else {
-                    mallory.get(PAGE, &headers(&h)).await
+                let offer = Offer {
+                    client_id,
+                    ..Offer::new(issuer_name, token)
                 };
-                sent.push(Forgery {
-                    what,
-                    status: reply.status.as_u16(),
-                    json: reply.json,
-                });
+                let reply = if round.is_multiple_of(2) {
+                    offer.put(&mallory, "forged by mallory").await
+                } else {
+                    offer.get(&mallory, PAGE).await
+                };
+                sent.push(Forgery { what, reply });
             }
             sent
         })
@@ -602,13 +492,17 @@ async fn workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(back
     // No forgery got through: refused by the issuer check (or, posing as
     // another client, by authentication).
     for f in &forgeries {
-        match (f.what, f.status, f.json["error"].as_str()) {
+        let (status, json) = (f.reply.status.as_u16(), &f.reply.json);
+        match (f.what, status, json["error"].as_str()) {
             ("copied, posing as its holder", 403, Some("client_id_mismatch")) => {}
             (_, 409, Some("token_not_current")) => {}
-            _ => panic!("{} forgery answered {}: {}", f.what, f.status, f.json),
+            _ => panic!("{} forgery answered {status}: {json}", f.what),
         }
     }
-    let refused_by_issuer = forgeries.iter().filter(|f| f.status == 409).count();
+    let refused_by_issuer = forgeries
+        .iter()
+        .filter(|f| f.reply.status.as_u16() == 409)
+        .count();
 
     // Every worker edit landed, none was lost, nothing else is in the page.
     let page = api.get(PAGE, &[]).await.expect(200);
@@ -647,7 +541,7 @@ async fn workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(back
     let fence = page.json["fence"]["token"].as_u64().unwrap();
     assert_eq!(fence, granted.iter().copied().max().unwrap());
     assert_eq!(page.json["fence"]["issuer"], issuer.name());
-    let next = acquire(&issuer.locks("worker-3").await).await;
+    let next = acquire(&issuer.locks("worker-3", true).await).await;
     assert!(
         next.token().unwrap().get() > fence,
         "issuer's counter {next:?} <= fence {fence}"
@@ -663,7 +557,7 @@ async fn redis_forged_guessed_and_copied_tokens_never_write_and_every_worker_edi
 
 #[tokio::test]
 async fn zookeeper_forged_guessed_and_copied_tokens_never_write_and_every_worker_edit_lands() {
-    workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(Backend::ZooKeeper).await;
+    workers_edit_while_a_forger_sends_forged_guessed_and_copied_tokens(Backend::Zookeeper).await;
 }
 
 #[tokio::test]
