@@ -169,8 +169,9 @@
 //!   process's waiters (Redis pub/sub, PostgreSQL `NOTIFY`).
 //! - `token.rs`: [`Token`]. `error.rs`: [`LockError`]. `backend.rs`: [`Backend`],
 //!   the backends by name, feature or not.
-//! - `redis.rs`, `redlock.rs`, `lease_table.rs`: one backend each;
-//!   `redis_sentinel.rs`: the Redis backend on the master Sentinel names.
+//! - `redis/`: the Redis backend (`mod.rs` maps its files), and in
+//!   `redis/sentinel.rs` the same lock on the master Sentinel names
+//!   ([`redis_sentinel`]); `redlock.rs`, `lease_table.rs`: one backend each.
 //! - `zookeeper/`: `mod.rs` the lock type, `recipe.rs` the queue of
 //!   sequential nodes, `rwlock.rs` the read-write lock on the same queue,
 //!   `session.rs` the session, cleanup and retry machinery, `path.rs` node
@@ -193,15 +194,18 @@ pub mod lease_table;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
-#[cfg(feature = "redis-sentinel")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
-pub mod redis_sentinel;
 #[cfg(feature = "redlock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
 pub mod redlock;
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub mod zookeeper;
+
+/// The Redis lock on the master Sentinel names (`redis::sentinel`, kept
+/// at this path too).
+#[cfg(feature = "redis-sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
+pub use redis::sentinel as redis_sentinel;
 
 pub use backend::{Backend, UnknownBackend};
 pub use error::LockError;
