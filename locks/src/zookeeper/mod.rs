@@ -128,7 +128,7 @@ use zookeeper_client as zk;
 
 pub use path::escape_name;
 use path::NodeKind;
-use recipe::Held;
+use recipe::{Attempt, Held};
 pub use rwlock::{ZooKeeperReadLock, ZooKeeperReadWriteLock, ZooKeeperWriteLock};
 use session::{
     delete_own, new_session, spawn_cleanup, watch_session, zk_error, Deleted, FirstAttempt,
@@ -283,37 +283,20 @@ impl ZooKeeperLock {
         let deadline = wait.and_then(|w| start.checked_add(w));
         let guid = uuid::Uuid::new_v4();
         let data = format!("{guid}\n{id}");
-        let kind = match self.recipe {
-            Recipe::Fair => NodeKind::Lock,
-            Recipe::Queue(kind) => kind,
-            Recipe::NonFair => {
-                let held = self
-                    .wait_non_fair(
-                        &client,
-                        root,
-                        &parent,
-                        data.as_bytes(),
-                        name,
-                        start,
-                        deadline,
-                    )
-                    .await?;
-                return self.lease(client, name, opts, id, held);
-            }
+        let at = Attempt {
+            client: &client,
+            root,
+            parent: &parent,
+            data: data.as_bytes(),
+            name,
+            start,
+            deadline,
         };
-        let held = self
-            .wait_queued(
-                &client,
-                root,
-                &parent,
-                guid,
-                data.as_bytes(),
-                kind,
-                name,
-                start,
-                deadline,
-            )
-            .await?;
+        let held = match self.recipe {
+            Recipe::Fair => self.wait_queued(&at, guid, NodeKind::Lock).await?,
+            Recipe::Queue(kind) => self.wait_queued(&at, guid, kind).await?,
+            Recipe::NonFair => self.wait_non_fair(&at).await?,
+        };
         self.lease(client, name, opts, id, held)
     }
 
@@ -351,8 +334,7 @@ impl ZooKeeperLock {
         });
         cleanup.disarm();
         tracing::Span::current().record("token", czxid);
-        let token = Token::try_from(czxid)
-            .map_err(|e| LockError::protocol(ISSUER, format!("czxid {czxid}: {e}")))?;
+        let token = czxid_token(czxid)?;
         Ok(Lease::new(NewLease {
             name: name.to_string(),
             issuer: ISSUER.to_string(),
@@ -410,11 +392,17 @@ impl HolderLookup for ZooKeeperLock {
             let Some((client_id, czxid)) = recipe::head_of(&client, &parent).await? else {
                 return Ok(None);
             };
-            let token = Token::try_from(czxid)
-                .map_err(|e| LockError::protocol(ISSUER, format!("czxid {czxid}: {e}")))?;
-            Ok(Some(Holder { client_id, token }))
+            Ok(Some(Holder {
+                client_id,
+                token: czxid_token(czxid)?,
+            }))
         })
     }
+}
+
+/// The fencing token of a node created in transaction `czxid`.
+fn czxid_token(czxid: i64) -> Result<Token, LockError> {
+    Token::try_from(czxid).map_err(|e| LockError::protocol(ISSUER, format!("czxid {czxid}: {e}")))
 }
 
 /// One grant: our node, on the session that created it.
