@@ -169,6 +169,8 @@
 //!   process's waiters (Redis pub/sub, PostgreSQL `NOTIFY`).
 //! - `token.rs`: [`Token`]. `error.rs`: [`LockError`]. `backend.rs`: [`Backend`],
 //!   the backends by name, feature or not.
+//! - `settings.rs`: what every backend's builder sets (client id, fair or
+//!   not, the fallback poll), written once.
 //! - `redis/`: the Redis backend (`mod.rs` maps its files), and in
 //!   `redis/sentinel.rs` the same lock on the master Sentinel names
 //!   ([`redis_sentinel`]); `redlock.rs`, `lease_table.rs`: one backend each.
@@ -181,6 +183,8 @@
 mod backend;
 mod error;
 mod lease;
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
+mod settings;
 mod token;
 #[cfg(any(feature = "redis", feature = "lease-postgres", feature = "lease-mysql"))]
 mod wake;

@@ -13,10 +13,11 @@ use super::connection::{Server, Source, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use super::grant::{RedisGrant, ReplicaWait};
 use super::notify::Notifier;
 use super::scripts;
+use crate::settings::{Configurable, Settings};
 use crate::wake::SubscribedWaiter;
 use crate::{
-    default_client_id, validate_client_id, validity_for, wait_for_grant, AcquireOptions, Fencing,
-    Lease, LockError, LockService, NewLease, Token, Try, WaitCounters, WaitStats,
+    validity_for, wait_for_grant, AcquireOptions, Fencing, Lease, LockError, LockService, NewLease,
+    Token, Try, WaitCounters, WaitStats,
 };
 
 /// The issuer name sent with every token.
@@ -30,12 +31,6 @@ granted: Redis most likely restarted without persistence and its fence counter w
 Every new holder will be refused (safe, but stuck) until an operator raises `fence:{<lock>}` \
 above the storage's fence; see docs/OPERATIONS.md, \"The restart hazard\"";
 
-/// The longest a waiter waits for a message before trying again anyway,
-/// unless [`RedisLock::with_poll_fallback`] says otherwise.
-pub const DEFAULT_POLL_FALLBACK: Duration = Duration::from_millis(500);
-/// A fair waiter's place lasts this many fallback polls without a renewal.
-const PLACE_POLLS: u32 = 4;
-
 /// A lock service on one Redis server. Cheap to clone; clones share one
 /// multiplexed connection, one pub/sub connection and the wait counters.
 /// Fair unless [`RedisLock::non_fair`].
@@ -44,9 +39,7 @@ pub struct RedisLock {
     pub(super) server: Arc<Server>,
     notifier: Arc<Notifier>,
     counters: Arc<WaitCounters>,
-    client_id: Arc<str>,
-    fair: bool,
-    poll_fallback: Duration,
+    settings: Settings,
     /// `WAIT numreplicas timeout` after every grant ([`RedisLock::with_wait`]).
     wait: Option<ReplicaWait>,
     /// The owner id of a reentrant handle ([`RedisLock::reentrant`]).
@@ -58,10 +51,16 @@ impl std::fmt::Debug for RedisLock {
         f.debug_struct("RedisLock")
             .field("server", &self.server.source().to_string())
             .field("issuer", &self.server.issuer)
-            .field("client_id", &self.client_id)
-            .field("fair", &self.fair)
+            .field("client_id", &self.settings.client_id())
+            .field("fair", &self.settings.is_fair())
             .field("reentrant", &self.reentrant.is_some())
             .finish()
+    }
+}
+
+impl Configurable for RedisLock {
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut self.settings
     }
 }
 
@@ -95,9 +94,7 @@ impl RedisLock {
             server,
             notifier: Notifier::new(),
             counters: Arc::default(),
-            client_id: default_client_id().into(),
-            fair: true,
-            poll_fallback: DEFAULT_POLL_FALLBACK,
+            settings: Settings::default(),
             wait: None,
             reentrant: None,
         })
@@ -106,37 +103,31 @@ impl RedisLock {
     /// Record `id` as this client's id in every grant (see
     /// [`LockService::client_id`]). `InvalidConfig` unless it is 1 to 128
     /// visible ASCII characters.
-    pub fn with_client_id(mut self, id: impl Into<String>) -> Result<Self, LockError> {
-        let id = id.into();
-        validate_client_id(&id)?;
-        self.client_id = id.into();
-        Ok(self)
+    pub fn with_client_id(self, id: impl Into<String>) -> Result<Self, LockError> {
+        self.set_client_id(id)
     }
 
     /// The non-fair variant: whoever tries first when the lock is free gets
     /// it, ahead of any queue (see the module docs, "Fairness"). Kept for the
     /// comparison; the worker uses it with `--fair false`.
-    pub fn non_fair(mut self) -> Self {
-        self.fair = false;
-        self
+    pub fn non_fair(self) -> Self {
+        self.set_fair(false)
     }
 
     /// The fair variant (the default): first come, first served.
-    pub fn fair(mut self) -> Self {
-        self.fair = true;
-        self
+    pub fn fair(self) -> Self {
+        self.set_fair(true)
     }
 
     pub fn is_fair(&self) -> bool {
-        self.fair
+        self.settings.is_fair()
     }
 
     /// The longest a waiter waits for a release message before it tries
     /// again anyway (default 500 ms; at least 1 ms). A fair waiter's place in
     /// the queue lasts four of these without a renewal.
-    pub fn with_poll_fallback(mut self, fallback: Duration) -> Self {
-        self.poll_fallback = fallback.max(Duration::from_millis(1));
-        self
+    pub fn with_poll_fallback(self, fallback: Duration) -> Self {
+        self.set_poll_fallback(fallback)
     }
 
     /// A reentrant handle with a new owner id: while a lease of this owner
@@ -178,9 +169,10 @@ impl RedisLock {
         waiter: &str,
         queue: bool,
     ) -> Result<Try, LockError> {
-        let script = if self.fair {
+        let settings = &self.settings;
+        let script = if settings.is_fair() {
             let place = if queue {
-                self.poll_fallback * PLACE_POLLS
+                settings.place()
             } else {
                 Duration::ZERO
             };
@@ -207,12 +199,12 @@ impl RedisLock {
             // key just went: try again soon.
             let ms = u64::try_from(number).unwrap_or(1).max(1);
             return Ok(Try::Refused(
-                Duration::from_millis(ms).min(self.poll_fallback),
+                Duration::from_millis(ms).min(settings.poll_fallback()),
             ));
         }
         let token = Token::try_from(number)
             .map_err(|e| LockError::protocol(issuer, format!("counter {number}: {e}")))?;
-        tracing::debug!(lock = name, %token, issuer, fair = self.fair, "redis lock granted");
+        tracing::debug!(lock = name, %token, issuer, fair = settings.is_fair(), "redis lock granted");
         let grant = Arc::new(RedisGrant {
             server: self.server.clone(),
             name: name.to_string(),
@@ -225,7 +217,7 @@ impl RedisLock {
         Ok(Try::Granted(Lease::new(NewLease {
             name: name.to_string(),
             issuer: issuer.to_string(),
-            client_id: self.client_id.to_string(),
+            client_id: settings.client_id().to_string(),
             fencing: Fencing::Token(token),
             ttl: opts.ttl,
             requested_at,
@@ -238,14 +230,14 @@ impl RedisLock {
 
     async fn acquire_waiting(&self, name: &str, opts: AcquireOptions) -> Result<Lease, LockError> {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let client_id = &self.client_id;
+        let client_id = self.settings.client_id();
         let owner = match &self.reentrant {
             Some(owner_id) => format!("{owner_id} {client_id}"),
             None => format!("{id} {client_id}"),
         };
         let waiter: Arc<str> = id.into();
         let queue = !opts.wait.is_zero();
-        let fair = self.fair;
+        let fair = self.settings.is_fair();
         // A fair waiter that leaves without its grant gives its place up.
         let mut place = QueuePlace {
             server: (fair && queue).then(|| self.server.clone()),
@@ -320,7 +312,7 @@ impl LockService for RedisLock {
     }
 
     fn client_id(&self) -> &str {
-        &self.client_id
+        self.settings.client_id()
     }
 
     fn acquire_with<'a>(

@@ -139,8 +139,9 @@ mod scripts;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
 pub mod sentinel;
 
+pub use crate::settings::DEFAULT_POLL_FALLBACK;
 pub use grant::ReplicaWait;
 pub use holder::parse_holder;
 pub use keys::{channel, deadlines_key, fence_key, lock_key, queue_key};
-pub use lock::{RedisLock, DEFAULT_POLL_FALLBACK, ISSUER, STALE_GRANT_HINT};
+pub use lock::{RedisLock, ISSUER, STALE_GRANT_HINT};
 pub use scripts::{FAIR_GRANT_SCRIPT, GRANT_SCRIPT, LEAVE_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT};

@@ -6,7 +6,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use super::path::NodeKind;
-use super::{Recipe, ZooKeeperLock, ISSUER, LOCKS_ROOT};
+use super::{ZooKeeperLock, ISSUER};
+use crate::settings::Configurable;
 use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService};
 
 /// A read-write lock service on ZooKeeper: many readers at once, or one
@@ -138,16 +139,17 @@ impl ZooKeeperReadWriteLock {
 
     fn with_recipe(&self, kind: NodeKind) -> ZooKeeperLock {
         let mut lock = self.lock.clone();
-        lock.recipe = Recipe::Queue(kind);
+        lock.kind = kind;
         lock
     }
 }
 
 impl ZooKeeperLock {
-    /// A read-write lock service on this session (and its counters).
+    /// A read-write lock service on this session (and its counters): the
+    /// queue, whether or not this service is fair.
     pub fn read_write(&self) -> ZooKeeperReadWriteLock {
-        let mut lock = self.clone();
-        lock.recipe = Recipe::Fair;
+        let mut lock = self.clone().set_fair(true);
+        lock.kind = NodeKind::Lock;
         ZooKeeperReadWriteLock { lock }
     }
 }
@@ -174,27 +176,17 @@ macro_rules! half {
                 ISSUER
             }
 
+            /// The mutex's acquire, queueing as this half.
             fn acquire_with<'a>(
                 &'a self,
                 name: &'a str,
                 opts: AcquireOptions,
             ) -> BoxFuture<'a, Result<Lease, LockError>> {
-                Box::pin(async move {
-                    opts.validate(name)?;
-                    self.lock
-                        .acquire_node(
-                            LOCKS_ROOT,
-                            name,
-                            opts,
-                            Some(opts.wait),
-                            &self.lock.client_id,
-                        )
-                        .await
-                })
+                self.lock.acquire_with(name, opts)
             }
 
             fn client_id(&self) -> &str {
-                &self.lock.client_id
+                self.lock.client_id()
             }
         }
     };
