@@ -165,8 +165,9 @@
 //!   ([`poll_until_granted`]); [`Grant`] and [`NewLease`] are what a backend
 //!   implements.
 //! - `wake.rs`: the loop of a notified lock (try, subscribe, try, wait for a
-//!   notification or a bound) and the routing of notifications to this
-//!   process's waiters (Redis pub/sub, PostgreSQL `NOTIFY`).
+//!   notification or a bound), the routing of notifications to this
+//!   process's waiters (Redis pub/sub, PostgreSQL `NOTIFY`), and a fair
+//!   waiter's place in the queue, given up when it leaves ungranted.
 //! - `token.rs`: [`Token`]. `error.rs`: [`LockError`]. `backend.rs`: [`Backend`],
 //!   the backends by name, feature or not.
 //! - `settings.rs`: what every backend's builder sets (client id, fair or

@@ -14,7 +14,7 @@ use super::grant::{RedisGrant, ReplicaWait};
 use super::notify::Notifier;
 use super::scripts;
 use crate::settings::{Configurable, Settings};
-use crate::wake::SubscribedWaiter;
+use crate::wake::{Queue, QueuePlace, SubscribedWaiter};
 use crate::{
     validity_for, wait_for_grant, AcquireOptions, Fencing, Lease, LockError, LockService, NewLease,
     Token, Try, WaitCounters, WaitStats,
@@ -239,11 +239,11 @@ impl RedisLock {
         let queue = !opts.wait.is_zero();
         let fair = self.settings.is_fair();
         // A fair waiter that leaves without its grant gives its place up.
-        let mut place = QueuePlace {
-            server: (fair && queue).then(|| self.server.clone()),
-            name: name.to_string(),
-            waiter: waiter.clone(),
-        };
+        let place = QueuePlace::new(
+            (fair && queue).then(|| self.server.clone()),
+            name,
+            waiter.clone(),
+        );
         let result = wait_for_grant(
             name,
             opts.wait,
@@ -255,54 +255,20 @@ impl RedisLock {
             },
         )
         .await;
-        if result.is_ok() {
-            place.server = None;
-        } else {
-            // Gave up (or failed): leave the queue now, not in the background,
-            // so that a process that exits right after still leaves no place
-            // for others to wait behind.
-            place.leave_now().await;
-        }
+        place.settle(result.is_ok()).await;
         result
     }
 }
 
-/// A fair waiter's place; dropped without being granted, it leaves the
-/// queue in the background (best effort: otherwise the place lapses).
-struct QueuePlace {
-    server: Option<Arc<Server>>,
-    name: String,
-    waiter: Arc<str>,
-}
-
-impl QueuePlace {
-    /// Give the place up now.
-    async fn leave_now(&mut self) {
-        if let Some(server) = self.server.take() {
-            leave(&server, &self.name, &self.waiter).await;
+/// The fair queue's places are given up through the kept connection.
+impl Queue for Arc<Server> {
+    async fn leave(&self, name: &str, waiter: &str) {
+        let left: Result<i64, LockError> = self
+            .run(RESPONSE_TIMEOUT, scripts::leave(name, waiter))
+            .await;
+        if let Err(e) = left {
+            tracing::debug!(lock = %name, "leaving the queue failed (the place lapses): {e}");
         }
-    }
-}
-
-async fn leave(server: &Server, name: &str, waiter: &str) {
-    let left: Result<i64, LockError> = server
-        .run(RESPONSE_TIMEOUT, scripts::leave(name, waiter))
-        .await;
-    if let Err(e) = left {
-        tracing::debug!(lock = %name, "leaving the queue failed (the place lapses): {e}");
-    }
-}
-
-impl Drop for QueuePlace {
-    fn drop(&mut self) {
-        let Some(server) = self.server.take() else {
-            return;
-        };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (name, waiter) = (std::mem::take(&mut self.name), self.waiter.clone());
-        rt.spawn(async move { leave(&server, &name, &waiter).await });
     }
 }
 
