@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use super::path::NodeKind;
-use super::{ZooKeeperLock, ISSUER};
+use super::ZooKeeperLock;
 use crate::settings::Configurable;
 use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService};
 
@@ -158,7 +158,7 @@ impl ZooKeeperLock {
 /// the queue, `None` while readers hold it.
 impl HolderLookup for ZooKeeperReadWriteLock {
     fn issuer(&self) -> &str {
-        ISSUER
+        HolderLookup::issuer(&self.lock)
     }
 
     fn current_holder<'a>(
@@ -171,12 +171,12 @@ impl HolderLookup for ZooKeeperReadWriteLock {
 
 macro_rules! half {
     ($half:ty) => {
+        /// The mutex's service, queueing as this half.
         impl LockService for $half {
             fn issuer(&self) -> &str {
-                ISSUER
+                LockService::issuer(&self.lock)
             }
 
-            /// The mutex's acquire, queueing as this half.
             fn acquire_with<'a>(
                 &'a self,
                 name: &'a str,
