@@ -165,12 +165,16 @@
 //!   ([`poll_until_granted`]); [`Grant`] and [`NewLease`] are what a backend
 //!   implements.
 //! - `wake.rs`: the loop of a notified lock (try, subscribe, try, wait for a
-//!   notification or a bound) and the routing of notifications to this
-//!   process's waiters (Redis pub/sub, PostgreSQL `NOTIFY`).
+//!   notification or a bound), the routing of notifications to this
+//!   process's waiters (Redis pub/sub, PostgreSQL `NOTIFY`), and a fair
+//!   waiter's place in the queue, given up when it leaves ungranted.
 //! - `token.rs`: [`Token`]. `error.rs`: [`LockError`]. `backend.rs`: [`Backend`],
 //!   the backends by name, feature or not.
-//! - `redis.rs`, `redlock.rs`, `lease_table.rs`: one backend each;
-//!   `redis_sentinel.rs`: the Redis backend on the master Sentinel names.
+//! - `settings.rs`: what every backend's builder sets (client id, fair or
+//!   not, the fallback poll), written once.
+//! - `redis/`: the Redis backend (`mod.rs` maps its files), and in
+//!   `redis/sentinel.rs` the same lock on the master Sentinel names
+//!   ([`redis_sentinel`]); `redlock.rs`, `lease_table.rs`: one backend each.
 //! - `zookeeper/`: `mod.rs` the lock type, `recipe.rs` the queue of
 //!   sequential nodes, `rwlock.rs` the read-write lock on the same queue,
 //!   `session.rs` the session, cleanup and retry machinery, `path.rs` node
@@ -180,6 +184,8 @@
 mod backend;
 mod error;
 mod lease;
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
+mod settings;
 mod token;
 #[cfg(any(feature = "redis", feature = "lease-postgres", feature = "lease-mysql"))]
 mod wake;
@@ -193,15 +199,18 @@ pub mod lease_table;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
-#[cfg(feature = "redis-sentinel")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
-pub mod redis_sentinel;
 #[cfg(feature = "redlock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
 pub mod redlock;
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub mod zookeeper;
+
+/// The Redis lock on the master Sentinel names (`redis::sentinel`, kept
+/// at this path too).
+#[cfg(feature = "redis-sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
+pub use redis::sentinel as redis_sentinel;
 
 pub use backend::{Backend, UnknownBackend};
 pub use error::LockError;

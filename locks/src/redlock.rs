@@ -83,9 +83,10 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Script, Value};
 use tokio::time::Instant;
 
+use crate::settings::{Configurable, Settings};
 use crate::{
-    default_client_id, drift_allowance, poll_until_granted, validate_client_id, AcquireOptions,
-    Fencing, Grant, Lease, LockError, LockService, NewLease,
+    drift_allowance, poll_until_granted, AcquireOptions, Fencing, Grant, Lease, LockError,
+    LockService, NewLease,
 };
 
 /// The issuer name of this service (its leases carry no token).
@@ -379,9 +380,15 @@ pub struct Redlock {
     /// Random prefix of every owner value this instance writes (unique even
     /// when two processes share a client id).
     instance: String,
-    /// Who this client is ([`LockService::client_id`]).
-    client_id: String,
+    /// Who this client is ([`LockService::client_id`]); no fair variant.
+    settings: Settings,
     sequence: AtomicU64,
+}
+
+impl Configurable for Redlock {
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut self.settings
+    }
 }
 
 impl Redlock {
@@ -438,7 +445,7 @@ impl Redlock {
                 node_timeout: None,
             }),
             instance: uuid::Uuid::new_v4().simple().to_string(),
-            client_id: default_client_id(),
+            settings: Settings::default(),
             sequence: AtomicU64::new(0),
         })
     }
@@ -477,11 +484,8 @@ impl Redlock {
     /// Set the client id reported by [`LockService::client_id`]. Redlock
     /// keeps no record a storage could check it against (no token), so it
     /// only names this client in logs.
-    pub fn with_client_id(mut self, id: impl Into<String>) -> Result<Self, LockError> {
-        let id = id.into();
-        validate_client_id(&id)?;
-        self.client_id = id;
-        Ok(self)
+    pub fn with_client_id(self, id: impl Into<String>) -> Result<Self, LockError> {
+        self.set_client_id(id)
     }
 
     /// Every owner value this instance writes starts with `"<instance_id>:"`.
@@ -555,7 +559,7 @@ impl Redlock {
             return Ok(Some(Lease::new(NewLease {
                 name: name.to_string(),
                 issuer: ISSUER.to_string(),
-                client_id: self.client_id.clone(),
+                client_id: self.settings.client_id().to_string(),
                 fencing: Fencing::Unfenced {
                     reason: UNFENCED_REASON,
                 },
@@ -582,7 +586,7 @@ impl LockService for Redlock {
     }
 
     fn client_id(&self) -> &str {
-        &self.client_id
+        self.settings.client_id()
     }
 
     fn acquire_with<'a>(

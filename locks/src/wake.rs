@@ -416,6 +416,62 @@ where
     }
 }
 
+/// Where a fair waiter keeps its place: how to give the place up.
+// The lease table keeps its own place until it switches to this one.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) trait Queue: Send + Sync + 'static {
+    /// Give up `waiter`'s place in lock `name`'s queue (best effort: a
+    /// place that is not given up lapses).
+    fn leave(&self, name: &str, waiter: &str) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// A fair waiter's place in the lock service's queue, from its first
+/// refused try until [`QueuePlace::settle`]. Dropped before that (the
+/// acquire future was dropped), it is given up in the background.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct QueuePlace<Q: Queue> {
+    /// `None`: no place to give up (granted, non-fair, or a try-lock).
+    queue: Option<Q>,
+    name: String,
+    waiter: Arc<str>,
+}
+
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+impl<Q: Queue> QueuePlace<Q> {
+    /// The place of `waiter` in `queue`, if it takes one.
+    pub(crate) fn new(queue: Option<Q>, name: &str, waiter: Arc<str>) -> Self {
+        QueuePlace {
+            queue,
+            name: name.to_string(),
+            waiter,
+        }
+    }
+
+    /// After the acquire. Unless the place is `gone` already (it went with
+    /// the grant, or the waiter gave it up otherwise), leave the queue now,
+    /// not in the background, so that a process that exits right after
+    /// still leaves no place for others to wait behind.
+    pub(crate) async fn settle(mut self, gone: bool) {
+        match self.queue.take() {
+            Some(queue) if !gone => queue.leave(&self.name, &self.waiter).await,
+            _ => {}
+        }
+    }
+}
+
+impl<Q: Queue> Drop for QueuePlace<Q> {
+    fn drop(&mut self) {
+        let Some(queue) = self.queue.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (name, waiter) = (std::mem::take(&mut self.name), self.waiter.clone());
+        rt.spawn(async move { queue.leave(&name, &waiter).await });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use super::{escape_name, recipe, ZooKeeperLock, ELECTIONS_ROOT};
+use super::{czxid_token, escape_name, recipe, ZooKeeperLock, ELECTIONS_ROOT};
 use crate::{AcquireOptions, Lease, LockError, LostSignal, Token};
 
 /// One election (one name) on a [`ZooKeeperLock`]'s session.
@@ -45,17 +45,7 @@ impl Election {
     /// Stand as `candidate` and wait until elected. Dropping the future
     /// withdraws the candidacy (its node is deleted, as for a lock acquire).
     pub async fn campaign(&self, candidate: &str) -> Result<Leadership, LockError> {
-        let session_timeout = self.lock.session_timeout().await;
-        let opts = AcquireOptions::new(session_timeout);
-        opts.validate(&self.name)?;
-        let lease = self
-            .lock
-            .acquire_node(ELECTIONS_ROOT, &self.name, opts, None, candidate)
-            .await?;
-        Ok(Leadership {
-            lease,
-            candidate: candidate.to_string(),
-        })
+        self.stand(candidate, None).await
     }
 
     /// Stand as `candidate`, giving up after `wait` with `LockError::Timeout`.
@@ -64,12 +54,22 @@ impl Election {
         candidate: &str,
         wait: Duration,
     ) -> Result<Leadership, LockError> {
+        self.stand(candidate, Some(wait)).await
+    }
+
+    /// Stand, waiting up to `wait` (`None`: until elected). The leadership
+    /// is trusted as a lease of one session timeout.
+    async fn stand(
+        &self,
+        candidate: &str,
+        wait: Option<Duration>,
+    ) -> Result<Leadership, LockError> {
         let session_timeout = self.lock.session_timeout().await;
-        let opts = AcquireOptions::new(session_timeout).wait(wait);
+        let opts = AcquireOptions::new(session_timeout).wait(wait.unwrap_or_default());
         opts.validate(&self.name)?;
         let lease = self
             .lock
-            .acquire_node(ELECTIONS_ROOT, &self.name, opts, Some(wait), candidate)
+            .acquire_node(ELECTIONS_ROOT, &self.name, opts, wait, candidate)
             .await?;
         Ok(Leadership {
             lease,
@@ -84,9 +84,10 @@ impl Election {
         let Some((candidate, czxid)) = recipe::head_of(&client, &parent).await? else {
             return Ok(None);
         };
-        let epoch = Token::try_from(czxid)
-            .map_err(|e| LockError::protocol(super::ISSUER, format!("czxid {czxid}: {e}")))?;
-        Ok(Some(Leader { candidate, epoch }))
+        Ok(Some(Leader {
+            candidate,
+            epoch: czxid_token(czxid)?,
+        }))
     }
 }
 

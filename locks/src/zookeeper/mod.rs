@@ -128,16 +128,17 @@ use zookeeper_client as zk;
 
 pub use path::escape_name;
 use path::NodeKind;
-use recipe::Held;
+use recipe::{Attempt, Held};
 pub use rwlock::{ZooKeeperReadLock, ZooKeeperReadWriteLock, ZooKeeperWriteLock};
 use session::{
     delete_own, new_session, spawn_cleanup, watch_session, zk_error, Deleted, FirstAttempt,
     OwnNode, Pending,
 };
 
+use crate::settings::{Configurable, Settings};
 use crate::{
-    default_client_id, lost_channel, validate_client_id, AcquireOptions, Fencing, Grant, Holder,
-    HolderLookup, Lease, LockError, LockService, NewLease, Token,
+    lost_channel, AcquireOptions, Fencing, Grant, Holder, HolderLookup, Lease, LockError,
+    LockService, NewLease, Token,
 };
 
 /// The `Fencing-Issuer` of every ZooKeeper grant.
@@ -152,19 +153,17 @@ pub const ELECTIONS_ROOT: &str = "/fencing/elections";
 #[derive(Clone)]
 pub struct ZooKeeperLock {
     inner: Arc<Inner>,
-    recipe: Recipe,
-    client_id: Arc<str>,
+    /// Fair: the queue; non-fair: the one ephemeral node.
+    settings: Settings,
+    /// What this service queues as: a mutex, or a reader or a writer of a
+    /// read-write lock.
+    kind: NodeKind,
 }
 
-/// Which recipe an acquire follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Recipe {
-    /// The queue, as a mutex.
-    Fair,
-    /// The one ephemeral node.
-    NonFair,
-    /// The queue, as a reader or a writer of a read-write lock.
-    Queue(NodeKind),
+impl Configurable for ZooKeeperLock {
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut self.settings
+    }
 }
 
 struct Inner {
@@ -197,31 +196,27 @@ impl ZooKeeperLock {
                 wakeups: AtomicU64::new(0),
                 parked: AtomicU64::new(0),
             }),
-            recipe: Recipe::Fair,
-            client_id: default_client_id().into(),
+            settings: Settings::default(),
+            kind: NodeKind::Lock,
         })
     }
 
     /// Record `id` as this client's id in the data of every lock node (see
     /// [`LockService::client_id`]).
-    pub fn with_client_id(mut self, id: impl Into<String>) -> Result<Self, LockError> {
-        let id = id.into();
-        validate_client_id(&id)?;
-        self.client_id = id.into();
-        Ok(self)
+    pub fn with_client_id(self, id: impl Into<String>) -> Result<Self, LockError> {
+        self.set_client_id(id)
     }
 
     /// The naive variant: one plain ephemeral node that every waiter watches.
     /// Each release wakes every waiter; see [`ZooKeeperLock::wakeups`]. A
     /// name is either fair or non-fair: an acquire that finds the other
     /// variant's nodes under it fails with [`LockError::InvalidConfig`].
-    pub fn non_fair(mut self) -> Self {
-        self.recipe = Recipe::NonFair;
-        self
+    pub fn non_fair(self) -> Self {
+        self.set_fair(false)
     }
 
     pub fn is_fair(&self) -> bool {
-        self.recipe != Recipe::NonFair
+        self.settings.is_fair()
     }
 
     /// How many times a waiter on this service was woken by a watch firing.
@@ -268,7 +263,11 @@ impl ZooKeeperLock {
     /// Acquire `name` under `root`, waiting up to `wait` (`None`: forever).
     /// `id` goes into the node's data (who holds it, for operators and for
     /// [`election::Election::leader`]).
-    #[tracing::instrument(name = "zk_acquire", skip(self, opts), fields(recipe = ?self.recipe, token))]
+    #[tracing::instrument(
+        name = "zk_acquire",
+        skip(self, opts),
+        fields(fair = self.settings.is_fair(), kind = ?self.kind, token)
+    )]
     async fn acquire_node(
         &self,
         root: &str,
@@ -283,37 +282,20 @@ impl ZooKeeperLock {
         let deadline = wait.and_then(|w| start.checked_add(w));
         let guid = uuid::Uuid::new_v4();
         let data = format!("{guid}\n{id}");
-        let kind = match self.recipe {
-            Recipe::Fair => NodeKind::Lock,
-            Recipe::Queue(kind) => kind,
-            Recipe::NonFair => {
-                let held = self
-                    .wait_non_fair(
-                        &client,
-                        root,
-                        &parent,
-                        data.as_bytes(),
-                        name,
-                        start,
-                        deadline,
-                    )
-                    .await?;
-                return self.lease(client, name, opts, id, held);
-            }
+        let at = Attempt {
+            client: &client,
+            root,
+            parent: &parent,
+            data: data.as_bytes(),
+            name,
+            start,
+            deadline,
         };
-        let held = self
-            .wait_queued(
-                &client,
-                root,
-                &parent,
-                guid,
-                data.as_bytes(),
-                kind,
-                name,
-                start,
-                deadline,
-            )
-            .await?;
+        let held = if self.settings.is_fair() {
+            self.wait_queued(&at, guid, self.kind).await?
+        } else {
+            self.wait_non_fair(&at).await?
+        };
         self.lease(client, name, opts, id, held)
     }
 
@@ -351,8 +333,7 @@ impl ZooKeeperLock {
         });
         cleanup.disarm();
         tracing::Span::current().record("token", czxid);
-        let token = Token::try_from(czxid)
-            .map_err(|e| LockError::protocol(ISSUER, format!("czxid {czxid}: {e}")))?;
+        let token = czxid_token(czxid)?;
         Ok(Lease::new(NewLease {
             name: name.to_string(),
             issuer: ISSUER.to_string(),
@@ -380,13 +361,14 @@ impl LockService for ZooKeeperLock {
     ) -> BoxFuture<'a, Result<Lease, LockError>> {
         Box::pin(async move {
             opts.validate(name)?;
-            self.acquire_node(LOCKS_ROOT, name, opts, Some(opts.wait), &self.client_id)
+            let id = self.settings.client_id();
+            self.acquire_node(LOCKS_ROOT, name, opts, Some(opts.wait), id)
                 .await
         })
     }
 
     fn client_id(&self) -> &str {
-        &self.client_id
+        self.settings.client_id()
     }
 }
 
@@ -410,11 +392,17 @@ impl HolderLookup for ZooKeeperLock {
             let Some((client_id, czxid)) = recipe::head_of(&client, &parent).await? else {
                 return Ok(None);
             };
-            let token = Token::try_from(czxid)
-                .map_err(|e| LockError::protocol(ISSUER, format!("czxid {czxid}: {e}")))?;
-            Ok(Some(Holder { client_id, token }))
+            Ok(Some(Holder {
+                client_id,
+                token: czxid_token(czxid)?,
+            }))
         })
     }
+}
+
+/// The fencing token of a node created in transaction `czxid`.
+fn czxid_token(czxid: i64) -> Result<Token, LockError> {
+    Token::try_from(czxid).map_err(|e| LockError::protocol(ISSUER, format!("czxid {czxid}: {e}")))
 }
 
 /// One grant: our node, on the session that created it.

@@ -21,27 +21,18 @@ impl ZooKeeperLock {
     /// deletion can change that. A mutex or writer waits for every node
     /// before it and watches its predecessor; a reader waits only for the
     /// exclusive nodes (writers, mutexes) before it and watches the nearest.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn wait_queued(
         &self,
-        client: &zk::Client,
-        root: &str,
-        parent: &str,
+        at: &Attempt<'_>,
         guid: uuid::Uuid,
-        data: &[u8],
         kind: NodeKind,
-        name: &str,
-        start: Instant,
-        deadline: Option<Instant>,
     ) -> Result<Held, LockError> {
+        let (client, parent) = (at.client, at.parent);
         let guid_prefix = format!("_c_{guid}-");
-        let mut cleanup = Cleanup::new(
-            client.clone(),
-            Pending::QueueCreating {
-                parent: parent.to_string(),
-                guid_prefix: guid_prefix.clone(),
-            },
-        );
+        let mut cleanup = at.cleanup(Pending::QueueCreating {
+            parent: parent.to_string(),
+            guid_prefix: guid_prefix.clone(),
+        });
         let prefix = format!("{parent}/{guid_prefix}{}", kind.infix());
         // Pipelined: the getChildren is sent right behind the create, before
         // its answer. ZooKeeper answers one session's requests in order, so
@@ -50,12 +41,20 @@ impl ZooKeeperLock {
         let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         let listed_at = Instant::now();
         let (created, listed) = tokio::join!(
-            client.create(&prefix, data, &mode),
+            client.create(&prefix, at.data, &mode),
             client.list_children(parent)
         );
         let created_at_once = created.is_ok();
-        let (path, stat) =
-            create_protected(client, root, parent, &prefix, &guid_prefix, data, created).await?;
+        let (path, stat) = create_protected(
+            client,
+            at.root,
+            parent,
+            &prefix,
+            &guid_prefix,
+            at.data,
+            created,
+        )
+        .await?;
         let node = OwnNode {
             path,
             czxid: stat.czxid,
@@ -80,7 +79,7 @@ impl ZooKeeperLock {
             };
             if children.iter().any(|c| c == NON_FAIR_NODE) {
                 cleanup.delete_now().await;
-                return Err(mixed_variants(name, "the non-fair variant"));
+                return Err(mixed_variants(at.name, "the non-fair variant"));
             }
             let queue = queue_of(&children);
             // Nodes with our GUID that are not the one we know: a create of
@@ -94,7 +93,7 @@ impl ZooKeeperLock {
                 .collect();
             if !strays.is_empty() {
                 for stray in &strays {
-                    tracing::warn!(lock = %name, node = node_name(stray), "deleting a second node of ours");
+                    tracing::warn!(lock = %at.name, node = node_name(stray), "deleting a second node of ours");
                     match retry(|| client.delete(stray, None)).await {
                         Ok(()) | Err(zk::Error::NoNode) => {}
                         Err(e) => return Err(zk_error(e)),
@@ -104,7 +103,7 @@ impl ZooKeeperLock {
             }
             let Some(pos) = queue.iter().position(|n| n.name == ours) else {
                 return Err(LockError::NotHeld {
-                    name: name.to_string(),
+                    name: at.name.to_string(),
                     reason: format!(
                         "our lock node {} vanished while waiting (session expired?)",
                         node.path
@@ -123,22 +122,9 @@ impl ZooKeeperLock {
                 });
             };
             let blocker = format!("{parent}/{}", blocker.name);
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            if !self.await_change(at, &blocker).await? {
                 cleanup.delete_now().await;
-                return Err(timeout(name, start));
-            }
-            let (exists, watcher) = retry(|| client.check_and_watch_stat(&blocker))
-                .await
-                .map_err(zk_error)?;
-            if exists.is_none() {
-                continue;
-            }
-            match self.park(watcher, deadline).await {
-                Some(event) => session_still_alive(&event)?,
-                None => {
-                    cleanup.delete_now().await;
-                    return Err(timeout(name, start));
-                }
+                return Err(at.timed_out());
             }
         }
     }
@@ -152,42 +138,30 @@ impl ZooKeeperLock {
     /// delete our node if we made one). The queue recipe refuses the same way
     /// when it sees this node. Both look after their own create, so of two
     /// that race, the later one always sees the earlier one: never both hold.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn wait_non_fair(
-        &self,
-        client: &zk::Client,
-        root: &str,
-        parent: &str,
-        data: &[u8],
-        name: &str,
-        start: Instant,
-        deadline: Option<Instant>,
-    ) -> Result<Held, LockError> {
+    pub(super) async fn wait_non_fair(&self, at: &Attempt<'_>) -> Result<Held, LockError> {
+        let (client, parent) = (at.client, at.parent);
         let path = format!("{parent}/{NON_FAIR_NODE}");
-        let mut cleanup = Cleanup::new(
-            client.clone(),
-            Pending::NonFairCreating {
-                path: path.clone(),
-                data: data.to_vec(),
-            },
-        );
+        let mut cleanup = at.cleanup(Pending::NonFairCreating {
+            path: path.clone(),
+            data: at.data.to_vec(),
+        });
         let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
         loop {
             let sent = Instant::now();
             let (created, listed) = tokio::join!(
-                client.create(&path, data, &ephemeral),
+                client.create(&path, at.data, &ephemeral),
                 client.list_children(parent)
             );
             let czxid = match created {
                 Ok((stat, _)) => Some(stat.czxid),
                 Err(zk::Error::NodeExists) => {
                     if let Ok(children) = &listed {
-                        refuse_queue(children, name)?;
+                        refuse_queue(children, at.name)?;
                     }
                     None
                 }
                 Err(zk::Error::NoNode) => {
-                    ensure_parent(client, root, parent).await?;
+                    ensure_parent(client, at.root, parent).await?;
                     continue;
                 }
                 Err(zk::Error::ConnectionLoss) => {
@@ -201,7 +175,7 @@ impl ZooKeeperLock {
                     })
                     .await;
                     match read {
-                        Ok((stored, stat)) if stored == data => Some(stat.czxid),
+                        Ok((stored, stat)) if stored == at.data => Some(stat.czxid),
                         Ok(_) | Err(zk::Error::NoNode) => continue,
                         Err(e) => return Err(zk_error(e)),
                     }
@@ -222,7 +196,7 @@ impl ZooKeeperLock {
                 };
                 match children
                     .map_err(zk_error)
-                    .and_then(|c| refuse_queue(&c, name))
+                    .and_then(|c| refuse_queue(&c, at.name))
                 {
                     Ok(()) => {
                         return Ok(Held {
@@ -237,19 +211,28 @@ impl ZooKeeperLock {
                     }
                 }
             }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(timeout(name, start));
+            if !self.await_change(at, &path).await? {
+                return Err(at.timed_out());
             }
-            let (exists, watcher) = retry(|| client.check_and_watch_stat(&path))
-                .await
-                .map_err(zk_error)?;
-            if exists.is_none() {
-                continue;
-            }
-            match self.park(watcher, deadline).await {
-                Some(event) => session_still_alive(&event)?,
-                None => return Err(timeout(name, start)),
-            }
+        }
+    }
+
+    /// Wait until the node at `path` changes or is gone: true then, false
+    /// once the deadline passed (before or during the wait). A watch woken by
+    /// the end of the session is an error: our own node went with it.
+    async fn await_change(&self, at: &Attempt<'_>, path: &str) -> Result<bool, LockError> {
+        if at.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(false);
+        }
+        let (exists, watcher) = retry(|| at.client.check_and_watch_stat(path))
+            .await
+            .map_err(zk_error)?;
+        if exists.is_none() {
+            return Ok(true);
+        }
+        match self.park(watcher, at.deadline).await {
+            Some(event) => session_still_alive(&event).map(|()| true),
+            None => Ok(false),
         }
     }
 
@@ -292,6 +275,33 @@ fn mixed_variants(name: &str, other: &str) -> LockError {
          recipes do not exclude each other, so they are refused on the same name \
          (use one variant for a name everywhere)"
     ))
+}
+
+/// One acquire: where its node goes, what it holds, and how long it waits.
+#[derive(Clone, Copy)]
+pub(super) struct Attempt<'a> {
+    pub(super) client: &'a zk::Client,
+    /// The root of all such locks (the parent's parent).
+    pub(super) root: &'a str,
+    /// The lock's own node, under which the queue or the non-fair node goes.
+    pub(super) parent: &'a str,
+    /// The node's data: `<guid>\n<id>`.
+    pub(super) data: &'a [u8],
+    pub(super) name: &'a str,
+    pub(super) start: Instant,
+    /// `None`: wait forever.
+    pub(super) deadline: Option<Instant>,
+}
+
+impl Attempt<'_> {
+    fn timed_out(&self) -> LockError {
+        timeout(self.name, self.start)
+    }
+
+    /// Deletes what `pending` names unless disarmed (see [`Cleanup`]).
+    fn cleanup(&self, pending: Pending) -> Cleanup {
+        Cleanup::new(self.client.clone(), pending)
+    }
 }
 
 /// A lock node we hold, and what proves it.

@@ -6,7 +6,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use super::path::NodeKind;
-use super::{Recipe, ZooKeeperLock, ISSUER, LOCKS_ROOT};
+use super::ZooKeeperLock;
+use crate::settings::Configurable;
 use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService};
 
 /// A read-write lock service on ZooKeeper: many readers at once, or one
@@ -138,16 +139,17 @@ impl ZooKeeperReadWriteLock {
 
     fn with_recipe(&self, kind: NodeKind) -> ZooKeeperLock {
         let mut lock = self.lock.clone();
-        lock.recipe = Recipe::Queue(kind);
+        lock.kind = kind;
         lock
     }
 }
 
 impl ZooKeeperLock {
-    /// A read-write lock service on this session (and its counters).
+    /// A read-write lock service on this session (and its counters): the
+    /// queue, whether or not this service is fair.
     pub fn read_write(&self) -> ZooKeeperReadWriteLock {
-        let mut lock = self.clone();
-        lock.recipe = Recipe::Fair;
+        let mut lock = self.clone().set_fair(true);
+        lock.kind = NodeKind::Lock;
         ZooKeeperReadWriteLock { lock }
     }
 }
@@ -156,7 +158,7 @@ impl ZooKeeperLock {
 /// the queue, `None` while readers hold it.
 impl HolderLookup for ZooKeeperReadWriteLock {
     fn issuer(&self) -> &str {
-        ISSUER
+        HolderLookup::issuer(&self.lock)
     }
 
     fn current_holder<'a>(
@@ -169,9 +171,10 @@ impl HolderLookup for ZooKeeperReadWriteLock {
 
 macro_rules! half {
     ($half:ty) => {
+        /// The mutex's service, queueing as this half.
         impl LockService for $half {
             fn issuer(&self) -> &str {
-                ISSUER
+                LockService::issuer(&self.lock)
             }
 
             fn acquire_with<'a>(
@@ -179,22 +182,11 @@ macro_rules! half {
                 name: &'a str,
                 opts: AcquireOptions,
             ) -> BoxFuture<'a, Result<Lease, LockError>> {
-                Box::pin(async move {
-                    opts.validate(name)?;
-                    self.lock
-                        .acquire_node(
-                            LOCKS_ROOT,
-                            name,
-                            opts,
-                            Some(opts.wait),
-                            &self.lock.client_id,
-                        )
-                        .await
-                })
+                self.lock.acquire_with(name, opts)
             }
 
             fn client_id(&self) -> &str {
-                &self.lock.client_id
+                self.lock.client_id()
             }
         }
     };
