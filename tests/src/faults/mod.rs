@@ -13,7 +13,7 @@
 //! | a worker frozen, from outside or by itself at a step | [`pause`] | [`WorkerProc`](crate::procs::WorkerProc) |
 //! | a worker's wall clock one hour ahead | [`clock_jump`] | the worker's libfaketime |
 //! | everything a worker sends held (a delayed write, a cut from some servers) | [`held_link`] | a proxy per server |
-//! | a service killed and started again | [`restart`] | anything [`Restartable`](restart::Restartable) |
+//! | a service killed and started again | [`restart`] | anything [`Restartable`] |
 //! | a gateway killed behind the balancer | [`gateway_kill`] | [`GatewayProc`](crate::procs::GatewayProc), [`Haproxy`](crate::Haproxy) |
 //! | PostgreSQL failing over, the link cut first | [`postgres_failover`] | [`PostgresPair`](crate::PostgresPair) |
 //! | a ZooKeeper server cut off from the other two | [`zookeeper_partition`] | [`ZooKeeperHosts`](crate::ZooKeeperHosts) |

@@ -5,17 +5,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::procs::{Event, EventLog, WorkerProc, WorkerSpec};
+use crate::procs::{EventLog, WorkerProc, WorkerSpec};
 
 /// How long a worker may take to show as stopped after it stopped itself.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// What undoes a pause: continue the worker.
 #[must_use = "a paused worker stays frozen until healed"]
-pub struct Paused {
-    /// The event at which the worker stopped itself (none for a pause from outside).
-    pub at: Option<Event>,
-}
+pub struct Paused(());
 
 impl Paused {
     pub fn heal(self, worker: &WorkerProc) {
@@ -26,7 +23,7 @@ impl Paused {
 /// SIGSTOP from outside, wherever the worker is.
 pub fn pause(worker: &WorkerProc) -> Paused {
     worker.pause();
-    Paused { at: None }
+    Paused(())
 }
 
 /// The pause at a chosen step: the worker stops itself right after emitting
@@ -48,11 +45,11 @@ impl StopSelf {
         log: &EventLog,
         timeout: Duration,
     ) -> anyhow::Result<Paused> {
-        let at = log.wait_event(&worker.client, self.0, timeout).await?;
+        log.wait_event(&worker.client, self.0, timeout).await?;
         worker
             .wait_stopped(STOP_WAIT)
             .await
             .with_context(|| format!("{} did not stop itself", worker.client))?;
-        Ok(Paused { at: Some(at) })
+        Ok(Paused(()))
     }
 }

@@ -6,7 +6,7 @@
 //! run under libfaketime. Build them first: `cargo build --workspace --bins`
 //! (`scripts/test` does).
 //!
-//! - [`binary`]: where the binaries are, pinned for the whole run.
+//! - [`binary`](mod@binary): where the binaries are, pinned for the whole run.
 //! - [`events`]: the workers' events and the log scripts wait on.
 //! - [`worker`]: one worker process ([`WorkerProc`], started from a [`WorkerSpec`]).
 //! - [`gateway`]: one gateway process ([`GatewayProc`]), the test clients and their keys.
