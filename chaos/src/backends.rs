@@ -8,7 +8,9 @@
 
 use std::collections::HashMap;
 
-use harness::{MariaDb, Redis, SentinelGroup, ZooKeeper, ZooKeeperHosts};
+use anyhow::bail;
+use harness::faults::Restartable;
+use harness::{MariaDb, Persistence, Postgres, Redis, SentinelGroup, ZooKeeper, ZooKeeperHosts};
 
 /// A lock backend of the worker (`--backend`).
 pub use fencelock::Backend;
@@ -21,9 +23,9 @@ pub struct Services {
     pub redis: Vec<Redis>,
     pub zookeeper: Option<Zk>,
     pub sentinel: Option<SentinelGroup>,
-    /// Keeps the private MariaDB alive when one was started (unused today:
-    /// the shared one from `harness::fresh_mysql_database` is used).
-    pub mariadb: Option<MariaDb>,
+    /// The lease table's own server, when it has one ([`Services::start_owned`]).
+    postgres: Option<Postgres>,
+    mariadb: Option<MariaDb>,
     lease_url: Option<String>,
 }
 
@@ -36,6 +38,14 @@ pub enum Zk {
 }
 
 impl Zk {
+    pub async fn start(standalone: bool) -> Self {
+        if standalone {
+            Zk::Standalone(ZooKeeper::start().await)
+        } else {
+            Zk::Ensemble(ZooKeeperHosts::start().await)
+        }
+    }
+
     pub fn connect_string(&self) -> String {
         match self {
             Zk::Standalone(z) => z.connect_string(),
@@ -47,27 +57,6 @@ impl Zk {
         match self {
             Zk::Standalone(z) => vec![z.port()],
             Zk::Ensemble(e) => e.ports(),
-        }
-    }
-
-    /// Kill every server (the whole service down).
-    pub fn kill_all(&mut self) {
-        match self {
-            Zk::Standalone(z) => z.kill(),
-            Zk::Ensemble(e) => (0..e.len()).for_each(|i| e.kill(i)),
-        }
-    }
-
-    /// Start every server again and wait until the service serves.
-    pub async fn start_all_again(&mut self) {
-        match self {
-            Zk::Standalone(z) => z.start_again().await,
-            Zk::Ensemble(e) => {
-                for i in 0..e.len() {
-                    e.process(i).start().expect("restart zookeeper server");
-                }
-                e.wait_serving(std::time::Duration::from_secs(60)).await;
-            }
         }
     }
 
@@ -84,6 +73,23 @@ impl Zk {
     }
 }
 
+/// The whole service: every server of the ensemble.
+impl Restartable for Zk {
+    fn crash(&mut self) {
+        match self {
+            Zk::Standalone(z) => z.crash(),
+            Zk::Ensemble(e) => e.crash(),
+        }
+    }
+
+    async fn recover(&mut self) -> anyhow::Result<()> {
+        match self {
+            Zk::Standalone(z) => z.recover().await,
+            Zk::Ensemble(e) => e.recover().await,
+        }
+    }
+}
+
 impl Services {
     /// The services of `backend`; ZooKeeper as the three-node ensemble.
     pub async fn start(backend: Backend) -> Self {
@@ -91,15 +97,9 @@ impl Services {
     }
 
     /// `zookeeper_standalone`: one ZooKeeper server instead of the ensemble.
+    /// The lease tables live on the shared database servers.
     pub async fn start_with(backend: Backend, zookeeper_standalone: bool) -> Self {
-        let mut me = Self {
-            backend,
-            redis: vec![],
-            zookeeper: None,
-            sentinel: None,
-            mariadb: None,
-            lease_url: None,
-        };
+        let mut me = Self::empty(backend);
         match backend {
             Backend::Redis => me.redis.push(Redis::start().await),
             Backend::Redlock => {
@@ -108,14 +108,74 @@ impl Services {
                 }
             }
             Backend::RedisSentinel => me.sentinel = Some(SentinelGroup::start().await),
-            Backend::Zookeeper if zookeeper_standalone => {
-                me.zookeeper = Some(Zk::Standalone(ZooKeeper::start().await))
-            }
-            Backend::Zookeeper => me.zookeeper = Some(Zk::Ensemble(ZooKeeperHosts::start().await)),
+            Backend::Zookeeper => me.zookeeper = Some(Zk::start(zookeeper_standalone).await),
             Backend::LeasePostgres => me.lease_url = Some(harness::fresh_database().await),
             Backend::LeaseMysql => me.lease_url = Some(harness::fresh_mysql_database().await),
         }
         me
+    }
+
+    /// Services of its own, to be killed and restarted as a whole (the
+    /// soak): Redis with `appendfsync always` (a Redis that forgets its
+    /// counter is the separate, deliberately stuck row `redis-restart`), a
+    /// PostgreSQL or MariaDB server for the lease table. Fenced backends
+    /// with one service only.
+    pub async fn start_owned(backend: Backend, zookeeper_standalone: bool) -> anyhow::Result<Self> {
+        let mut me = Self::empty(backend);
+        match backend {
+            Backend::Redis => me
+                .redis
+                .push(Redis::start_with(Persistence::AofAlways).await),
+            Backend::Zookeeper => {
+                if !zookeeper_standalone && !harness::netns::available() {
+                    bail!(
+                        "the ZooKeeper ensemble runs in network namespaces, which need \
+                         root and `unshare`; run as root or pass --zookeeper-standalone"
+                    );
+                }
+                me.zookeeper = Some(Zk::start(zookeeper_standalone).await)
+            }
+            Backend::LeasePostgres => {
+                let pg = Postgres::start().await;
+                me.lease_url = Some(pg.create_database().await);
+                me.postgres = Some(pg);
+            }
+            Backend::LeaseMysql => {
+                let db = MariaDb::start().await;
+                me.lease_url = Some(db.create_database().await);
+                me.mariadb = Some(db);
+            }
+            Backend::Redlock => bail!("Redlock mints no token: there is nothing to fence"),
+            Backend::RedisSentinel => {
+                bail!("the Sentinel group is not one service (see the sentinel-failover rows)")
+            }
+        }
+        Ok(me)
+    }
+
+    fn empty(backend: Backend) -> Self {
+        Self {
+            backend,
+            redis: vec![],
+            zookeeper: None,
+            sentinel: None,
+            postgres: None,
+            mariadb: None,
+            lease_url: None,
+        }
+    }
+
+    /// Whether this is ZooKeeper on the three-node ensemble.
+    pub fn is_ensemble(&self) -> bool {
+        matches!(self.zookeeper, Some(Zk::Ensemble(_)))
+    }
+
+    /// The ensemble, if this is ZooKeeper on three servers.
+    pub fn ensemble(&mut self) -> Option<&mut ZooKeeperHosts> {
+        match self.zookeeper.as_mut()? {
+            Zk::Ensemble(e) => Some(e),
+            Zk::Standalone(_) => None,
+        }
     }
 
     /// The TCP ports of the lock servers (what a delay proxy sits in front of).
@@ -136,86 +196,100 @@ impl Services {
     }
 
     /// The gateway's issuer for this backend's tokens (`Fencing-Issuer` name
-    /// and URL): the very server the workers take their locks from. `None`
-    /// for Redlock, which mints no token.
+    /// and URL): the very server the workers take their locks from (for the
+    /// ensemble: all three). `None` for Redlock, which mints no token.
     pub fn issuer(&self) -> Option<(String, String)> {
-        match self.backend {
-            Backend::Redis => Some(("redis".into(), self.redis[0].url())),
-            Backend::Redlock => None,
-            Backend::Zookeeper => {
-                let zk = self.zookeeper.as_ref().expect("zookeeper started");
-                Some((
-                    "zookeeper".into(),
-                    format!("zookeeper://{}", zk.connect_string()),
-                ))
-            }
+        let url = match self.backend {
+            Backend::Redis => self.redis.first()?.url(),
+            Backend::Redlock => return None,
+            Backend::Zookeeper => format!(
+                "zookeeper://{}",
+                self.zookeeper.as_ref().map(Zk::connect_string)?
+            ),
             Backend::RedisSentinel => {
-                let group = self.sentinel.as_ref().expect("sentinel group started");
-                Some((
-                    "redis-sentinel".into(),
-                    format!(
-                        "redis-sentinel://{}/{}",
-                        group.sentinel_addrs().join(","),
-                        group.master_name()
-                    ),
-                ))
+                let group = self.sentinel.as_ref()?;
+                format!(
+                    "redis-sentinel://{}/{}",
+                    group.sentinel_addrs().join(","),
+                    group.master_name()
+                )
             }
-            Backend::LeasePostgres => Some((
-                "lease-postgres".into(),
-                self.lease_url.clone().expect("lease db created"),
-            )),
-            Backend::LeaseMysql => Some((
-                "lease-mysql".into(),
-                self.lease_url.clone().expect("lease db created"),
-            )),
-        }
+            Backend::LeasePostgres | Backend::LeaseMysql => self.lease_url.clone()?,
+        };
+        Some((self.backend.name().to_string(), url))
     }
 
     /// The worker flags that select this backend. `via` maps a server port to
-    /// the port the worker should use instead (a delay proxy), if any.
-    pub fn worker_args(&self, via: &HashMap<u16, u16>) -> Vec<(String, String)> {
+    /// the port the worker should use instead (a delay proxy), if any; `pin`
+    /// names the one ensemble server the worker may use (`None`: all three).
+    pub fn worker_args(&self, via: &HashMap<u16, u16>, pin: Option<usize>) -> Vec<String> {
         let map = |url: String, port: u16| match via.get(&port) {
             Some(p) => harness::proxy::via_proxy(&url, port, *p),
             None => url,
         };
-        let mut args = vec![("--backend".to_string(), self.backend.name().to_string())];
+        let mut args = vec!["--backend".to_string(), self.backend.name().to_string()];
+        let mut flag = |name: &str, value: String| args.extend([name.to_string(), value]);
         match self.backend {
             Backend::Redis => {
                 let r = &self.redis[0];
-                args.push(("--redis-url".into(), map(r.url(), r.port())));
+                flag("--redis-url", map(r.url(), r.port()));
             }
             Backend::Redlock => {
                 let urls: Vec<String> = self.redis.iter().map(|r| map(r.url(), r.port())).collect();
-                args.push(("--redlock-urls".into(), urls.join(",")));
+                flag("--redlock-urls", urls.join(","));
             }
             Backend::Zookeeper => {
                 let zk = self.zookeeper.as_ref().expect("zookeeper started");
-                let mut connect = zk.connect_string();
-                for port in zk.ports() {
-                    connect = map(connect, port);
-                }
-                args.push(("--zookeeper-connect".into(), connect));
+                let connect = match (zk, pin) {
+                    (Zk::Ensemble(e), Some(i)) => e.connect_string_to(i),
+                    _ => zk.connect_string(),
+                };
+                let connect = zk.ports().into_iter().fold(connect, map);
+                flag("--zookeeper-connect", connect);
             }
             Backend::RedisSentinel => {
                 let group = self.sentinel.as_ref().expect("sentinel group started");
-                args.push(("--redis-sentinels".into(), group.sentinel_addrs().join(",")));
-                args.push((
-                    "--redis-sentinel-master".into(),
-                    group.master_name().to_string(),
-                ));
+                flag("--redis-sentinels", group.sentinel_addrs().join(","));
+                flag("--redis-sentinel-master", group.master_name().to_string());
             }
             Backend::LeasePostgres | Backend::LeaseMysql => {
                 let url = self.lease_url.clone().expect("lease db created");
                 let port = url_port(&url).unwrap_or(0);
-                let flag = if self.backend == Backend::LeasePostgres {
+                let name = if self.backend == Backend::LeasePostgres {
                     "--database-url"
                 } else {
                     "--mysql-url"
                 };
-                args.push((flag.into(), map(url, port)));
+                flag(name, map(url, port));
             }
         }
         args
+    }
+}
+
+/// Every server the backend owns (the shared lease databases stay up).
+impl Restartable for Services {
+    fn crash(&mut self) {
+        self.redis.iter_mut().for_each(Redis::crash);
+        self.zookeeper.iter_mut().for_each(Zk::crash);
+        self.postgres.iter_mut().for_each(Postgres::crash);
+        self.mariadb.iter_mut().for_each(MariaDb::crash);
+    }
+
+    async fn recover(&mut self) -> anyhow::Result<()> {
+        for r in &mut self.redis {
+            r.recover().await?;
+        }
+        if let Some(z) = self.zookeeper.as_mut() {
+            z.recover().await?;
+        }
+        if let Some(p) = self.postgres.as_mut() {
+            p.recover().await?;
+        }
+        if let Some(m) = self.mariadb.as_mut() {
+            m.recover().await?;
+        }
+        Ok(())
     }
 }
 

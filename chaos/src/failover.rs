@@ -1,4 +1,4 @@
-//! Issue 15's rows, each on a stack of its own: the storage's fence under a
+//! The rows on stacks of their own: the storage's fence under a
 //! PostgreSQL failover (asynchronous and synchronous standby), and one of two
 //! gateways behind HAProxy SIGKILLed mid-run.
 //!
@@ -39,15 +39,15 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context;
+use harness::faults::{gateway_kill, postgres_failover, StopSelf};
+use harness::procs::{now_ms, Event, GatewayProc};
 use harness::{Haproxy, PostgresPair, Replication};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 
 use crate::backends::Services;
+use crate::ctx::{Ctx, RowInput, EVENT_WAIT};
 use crate::history;
-use crate::procs::{now_ms, Event, EventLog, GatewayProc};
 use crate::report::Row;
-use crate::scenarios::{self, Ctx, Scenario, Timing, EVENT_WAIT};
+use crate::scenarios::Scenario;
 
 /// The phrase a failover row's note starts with when the page's fence on the
 /// new primary is lower than a token already acknowledged.
@@ -70,19 +70,17 @@ pub fn owns_its_stack(scenario: Scenario) -> bool {
 pub async fn run(
     scenario: Scenario,
     services: &mut Services,
-    fencing: bool,
-    timing: Timing,
-    page: String,
+    input: RowInput,
     row: &mut Row,
 ) -> anyhow::Result<()> {
     match scenario {
         Scenario::PostgresFailoverAsync => {
-            postgres_failover(services, fencing, timing, page, row, Replication::Async).await
+            postgres_failover(services, input, row, Replication::Async).await
         }
         Scenario::PostgresFailoverSync => {
-            postgres_failover(services, fencing, timing, page, row, Replication::Sync).await
+            postgres_failover(services, input, row, Replication::Sync).await
         }
-        Scenario::GatewayKill => gateway_kill(services, fencing, timing, page, row).await,
+        Scenario::GatewayKill => gateway_kill(services, input, row).await,
         other => anyhow::bail!("{} does not bring its own stack", other.name()),
     }
 }
@@ -101,27 +99,17 @@ struct Failover {
 
 async fn postgres_failover(
     services: &mut Services,
-    fencing: bool,
-    timing: Timing,
-    page: String,
+    input: RowInput,
     row: &mut Row,
     replication: Replication,
 ) -> anyhow::Result<()> {
+    let page = input.page.clone();
     let mut pg = PostgresPair::start(replication).await;
     let url = pg.create_database().await;
-    let gateway = GatewayProc::spawn(&url, fencing, services.issuer().as_ref()).await?;
-    let log = EventLog::default();
-    let mut ctx = Ctx {
-        services,
-        gateway: &gateway,
-        fencing,
-        timing,
-        page: page.clone(),
-        log: log.clone(),
-        workers: vec![],
-    };
+    let gateway = GatewayProc::spawn(&url, input.fencing, services.issuer().as_ref()).await?;
+    let mut ctx = Ctx::new(services, &gateway, input);
     let script = failover_script(&mut ctx, row, &mut pg, &url).await;
-    let collected = scenarios::collect(row, &log, &gateway.url(), &page, &ctx.workers).await;
+    let collected = ctx.collect(row, &gateway.url()).await;
     let failover = script?;
     collected?;
 
@@ -153,7 +141,7 @@ async fn postgres_failover(
     }
     row.note(paused_outcome(
         &ctx.log.all(),
-        &ctx.client("paused"),
+        "paused",
         failover.acknowledged_max,
     ));
     if replication != Replication::Async {
@@ -173,54 +161,41 @@ async fn failover_script(
     pg: &mut PostgresPair,
     url: &str,
 ) -> anyhow::Result<Failover> {
-    let db_name = url
-        .rsplit('/')
-        .next()
-        .and_then(|s| s.split('?').next())
-        .context("database name")?
-        .to_string();
+    let db_name = history::database_name(url)?;
 
-    let paused = ctx.spec("paused", 1).arg("--stop-self-at", "writing");
-    let p = ctx.spawn(&paused)?;
-    ctx.wait_event("paused", "writing").await?;
-    ctx.workers[p]
-        .wait_stopped(Duration::from_secs(5))
-        .await
-        .context("the worker did not stop itself")?;
+    let (p, paused) = ctx
+        .spawn_stopped(ctx.spec("paused", 1), StopSelf("writing"))
+        .await?;
 
     pg.wait_caught_up(Duration::from_secs(30))
         .await
         .map_err(|e| anyhow::anyhow!("standby did not catch up: {e}"))?;
-    pg.cut_replication();
+    let cut = postgres_failover::cut(pg);
 
     let other = ctx.spec("other", 2);
     ctx.spawn(&other)?;
     ctx.wait_event("other", "acquired").await?;
-    let other_client = ctx.client("other");
     let second_ack = ctx
         .log
         .wait_for("a second `wrote` from other", STALL, |e| {
-            e.client == other_client && e.kind() == "wrote" && e.u64("edit").is_some_and(|n| n >= 2)
+            e.is("other", "wrote") && e.u64("edit").is_some_and(|n| n >= 2)
         })
         .await;
-    let primary_lsn = pg.primary_lsn().await.ok();
-    pg.kill_primary();
-    let killed_at = now_ms();
+    // The stack goes with the row: the failover is not healed.
+    let failed_over = cut.fail_over(pg).await;
+    let killed_at = failed_over.killed_at;
     let events = ctx.log.all();
     let acknowledged_max = acknowledged_tokens(&events, killed_at).into_iter().max();
     let acked_before = events
         .iter()
         .filter(|e| e.kind() == "wrote" && e.received_ms <= killed_at)
         .count();
-    let standby_lsn = pg.standby_received_lsn().await.ok();
-    let promotion = pg.promote().await;
     let (fence_after, seq_after) =
         history::fence_and_seq(&pg.primary_url(&db_name), &ctx.page).await?;
 
-    let missing_wal = match (primary_lsn, standby_lsn) {
-        (Some(p), Some(s)) => format!("{} bytes", p.saturating_sub(s)),
-        _ => "unknown".to_string(),
-    };
+    let missing_wal = failed_over
+        .wal_lost
+        .map_or("unknown".to_string(), |b| format!("{b} bytes"));
     row.note(format!(
         "{} standby, link cut after it caught up; the primary was SIGKILLed {} with {acked_before} edit(s) acknowledged behind the cut ({missing_wal} of WAL never reached the standby); promoted in {} ms",
         pg.replication().name(),
@@ -229,7 +204,7 @@ async fn failover_script(
         } else {
             "after waiting STALL for an acknowledgement that never came"
         },
-        promotion.as_millis()
+        failed_over.promotion.as_millis()
     ));
 
     // The gateway kept pooled connections to the dead primary; each fails
@@ -250,7 +225,7 @@ async fn failover_script(
     .await
     .context("the gateway did not serve from the new primary")?;
 
-    ctx.workers[p].resume();
+    paused.heal(&ctx.workers[p]);
     ctx.wait_all_exit().await?;
     Ok(Failover {
         acknowledged_max,
@@ -320,44 +295,31 @@ pub fn acknowledged_tokens(events: &[Event], until: i64) -> Vec<u64> {
 
 async fn gateway_kill(
     services: &mut Services,
-    fencing: bool,
-    timing: Timing,
-    page: String,
+    input: RowInput,
     row: &mut Row,
 ) -> anyhow::Result<()> {
     let db = harness::fresh_database().await;
     let issuer = services.issuer();
-    let victim = GatewayProc::spawn(&db, fencing, issuer.as_ref()).await?;
-    let survivor = GatewayProc::spawn(&db, fencing, issuer.as_ref()).await?;
+    let mut victim = GatewayProc::spawn(&db, input.fencing, issuer.as_ref()).await?;
+    let survivor = GatewayProc::spawn(&db, input.fencing, issuer.as_ref()).await?;
     let balancer = Haproxy::start(&[victim.port(), survivor.port()]).await;
     balancer
         .wait_up(2, Duration::from_secs(30))
         .await
         .map_err(|e| anyhow::anyhow!("balancer: {e}"))?;
-    let log = EventLog::default();
-    let mut ctx = Ctx {
-        services,
-        gateway: &survivor,
-        fencing,
-        timing,
-        page: page.clone(),
-        log: log.clone(),
-        workers: vec![],
-    };
-    let outcome = gateway_kill_script(&mut ctx, row, &balancer, &victim).await;
-    let collected = scenarios::collect(row, &log, &balancer.url(), &page, &ctx.workers).await;
-    outcome.and(collected)
+    let mut ctx = Ctx::new(services, &survivor, input);
+    let outcome = gateway_kill_script(&mut ctx, row, &balancer, &mut victim).await;
+    ctx.finish(row, outcome, &balancer.url()).await
 }
 
 async fn gateway_kill_script(
     ctx: &mut Ctx<'_>,
     row: &mut Row,
     balancer: &Haproxy,
-    victim: &GatewayProc,
+    victim: &mut GatewayProc,
 ) -> anyhow::Result<()> {
-    let via = HashMap::new();
     for name in ["a", "b"] {
-        let spec = ctx.spec_via(name, 6, &balancer.url(), &via);
+        let spec = ctx.spec_via(name, 6, &balancer.url(), &HashMap::new());
         ctx.spawn(&spec)?;
     }
     ctx.log
@@ -373,11 +335,9 @@ async fn gateway_kill_script(
             e.kind() == "writing" && e.received_ms >= armed
         })
         .await?;
-    let pid = victim.pid().context("victim gateway pid")?;
-    kill(Pid::from_raw(pid as i32), Signal::SIGKILL)?;
-    let killed_at = now_ms();
-    let marked_down = balancer.wait_down("gw1", Duration::from_secs(15)).await;
-    let down_after = now_ms() - killed_at;
+    // The victim is the balancer's first server; it stays down.
+    let down = gateway_kill::inject(victim, balancer, 0).await;
+    let killed_at = down.killed_at;
     let after = ctx
         .log
         .wait_for("an edit acknowledged after the kill", EVENT_WAIT, |e| {
@@ -405,13 +365,13 @@ async fn gateway_kill_script(
         "gateway 1 of 2 SIGKILLed as a PUT left a worker; balancer marked it DOWN after {}; \
          background reads through the balancer: {failed_reads} of {reads} failed{first_read_failure}; \
          the workers' requests: {} failed after the kill{first_failure}; {acked_after} edit(s) acknowledged after it through the other gateway",
-        match &marked_down {
-            Ok(()) => format!("{down_after} ms"),
+        match &down.marked_down {
+            Ok(after) => format!("{} ms", after.as_millis()),
             Err(e) => format!("NEVER ({e})"),
         },
         failed.len(),
     ));
-    if after.is_err() || marked_down.is_err() {
+    if after.is_err() || down.marked_down.is_err() {
         row.note("EXPECTED edits to go on through the surviving gateway");
     }
     Ok(())

@@ -67,6 +67,16 @@ pub async fn page_state(
     Ok(row)
 }
 
+/// The database of a PostgreSQL URL (single- or multi-host).
+pub fn database_name(url: &str) -> anyhow::Result<String> {
+    url.rsplit('/')
+        .next()
+        .and_then(|s| s.split('?').next())
+        .filter(|name| !name.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("no database name in {url}"))
+}
+
 /// A single-host URL for sqlx: the multi-host form is the gateway's own.
 async fn connect(database_url: &str) -> anyhow::Result<PgConnection> {
     Ok(PgConnection::connect(database_url).await?)

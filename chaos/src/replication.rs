@@ -1,85 +1,36 @@
-//! The faults of replicated lock services (issue 14): a ZooKeeper ensemble
-//! losing its leader or being partitioned, a Sentinel failover that loses a
-//! grant (with and without `WAIT 1`), and a Redlock client cut off from a
-//! minority of its masters.
+//! The faults of replicated lock services: a ZooKeeper ensemble losing its
+//! leader or being partitioned, a Sentinel failover that loses a grant (with
+//! and without `WAIT 1`), and a Redlock client cut off from a minority of its
+//! masters.
 //!
 //! As in [`crate::scenarios`], every step waits on an event (a worker's
 //! JSONL event, a server's `srvr` mode, the sentinels' answer); the notes
 //! report what the evidence shows, in numbers.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
+use harness::faults::{
+    zookeeper_leader_kill, zookeeper_partition, HeldLink, SentinelFailover, StopSelf,
+};
+use harness::procs::{Event, WorkerSpec};
 
-use crate::procs::{now_ms, Event};
+use crate::ctx::{count, count_of, first_token, Ctx, EVENT_WAIT};
 use crate::report::Row;
-use crate::scenarios::{Ctx, EVENT_WAIT};
-use harness::proxy::{DelayProxy, Mode};
-
-/// How long a failover or an election may take before the row fails.
-const SERVICE_WAIT: Duration = Duration::from_secs(40);
-
-fn events_of<'e>(events: &'e [Event], client: &str, kind: &str) -> Vec<&'e Event> {
-    events
-        .iter()
-        .filter(|e| e.client == client && e.kind() == kind)
-        .collect()
-}
-
-fn count(events: &[Event], kind: &str) -> usize {
-    events.iter().filter(|e| e.kind() == kind).count()
-}
-
-/// The token of `client`'s first `acquired` event, as text.
-fn first_token(events: &[Event], client: &str) -> String {
-    events_of(events, client, "acquired")
-        .first()
-        .and_then(|e| e.u64("token"))
-        .map_or_else(|| "none".into(), |t| t.to_string())
-}
 
 /// Kill the leader after the first acknowledged edit; the workers go on.
 pub async fn zookeeper_leader_kill(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<()> {
-    let a = ctx.spec("a", 4);
-    let b = ctx.spec("b", 4);
-    ctx.spawn(&a)?;
-    ctx.spawn(&b)?;
-    ctx.log
-        .wait_for("a first `wrote`", EVENT_WAIT, |e| e.kind() == "wrote")
-        .await?;
-    let zk = ctx
-        .services
-        .zookeeper
-        .as_mut()
-        .context("zookeeper")?
-        .ensemble()?;
-    let leader = zk.leader().await.context("no leader before the kill")?;
-    let killed = Instant::now();
-    let killed_ms = now_ms();
-    zk.kill(leader);
-    let new_leader = harness::wait_until(SERVICE_WAIT, || async {
-        match zk.leader().await {
-            Some(l) if l != leader => Ok(l),
-            other => Err(format!("leader {other:?}")),
-        }
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("no new leader after the kill: {e}\n{}", zk.logs(20)))?;
-    let election = killed.elapsed();
+    ctx.start_editing(4).await?;
+    let killed = zookeeper_leader_kill::inject(ctx.ensemble()?).await?;
+    let (new_leader, election) = killed.elected.clone().map_err(anyhow::Error::msg)?;
+    let (leader, killed_ms) = (killed.leader, killed.at_ms);
     ctx.wait_all_exit().await?;
-    let zk = ctx
-        .services
-        .zookeeper
-        .as_mut()
-        .context("zookeeper")?
-        .ensemble()?;
-    zk.start_again(leader).await;
-    let events = ctx.log.all();
-    let after: Vec<Event> = events
-        .iter()
+    killed.heal(ctx.ensemble()?).await?;
+    let after: Vec<Event> = ctx
+        .log
+        .all()
+        .into_iter()
         .filter(|e| e.ts() >= killed_ms)
-        .cloned()
         .collect();
     row.note(format!(
         "SIGKILLed the leader zk{} after the first acknowledged edit; zk{} led {} ms later; \
@@ -97,12 +48,7 @@ pub async fn zookeeper_leader_kill(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::
 /// Worker *a* reaches only follower X; X is cut off from the other two for
 /// longer than the session timeout while worker *b* (on the majority) goes on.
 pub async fn zookeeper_partition(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<()> {
-    let zk = ctx
-        .services
-        .zookeeper
-        .as_mut()
-        .context("zookeeper")?
-        .ensemble()?;
+    let zk = ctx.ensemble()?;
     let leader = zk.leader().await.context("no leader")?;
     let cut = (leader + 1) % zk.len();
     if zk.mode(cut).await.as_deref() != Some("follower") {
@@ -117,48 +63,32 @@ pub async fn zookeeper_partition(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Re
         .set("--work-ms", 3000);
     ctx.spawn(&a)?;
     ctx.wait_event("a", "read").await?;
-    let zk = ctx
-        .services
-        .zookeeper
-        .as_mut()
-        .context("zookeeper")?
-        .ensemble()?;
-    zk.partition(cut)?;
-    let cut_ms = now_ms();
+    let partitioned = zookeeper_partition::inject(ctx.ensemble()?, cut)?;
+    let cut_ms = partitioned.at_ms;
     let b = ctx.spec("b", 2);
     ctx.spawn(&b)?;
     // b's grant means the majority expired a's session: the partition
     // lasted longer than the session timeout.
     let b_acquired = ctx.wait_event("b", "acquired").await?;
-    let a_client = ctx.client("a");
     let a_done = ctx
         .log
-        .wait_for("a's outcome", EVENT_WAIT, move |e| {
-            e.client == a_client && matches!(e.kind(), "wrote" | "rejected" | "lost" | "error")
+        .wait_for("a's outcome", EVENT_WAIT, |e| {
+            e.client == "a" && matches!(e.kind(), "wrote" | "rejected" | "lost" | "error")
         })
         .await?;
     ctx.wait_event("b", "wrote").await?;
-    let zk = ctx
-        .services
-        .zookeeper
-        .as_mut()
-        .context("zookeeper")?
-        .ensemble()?;
-    zk.heal()?;
-    let healed_ms = now_ms();
-    zk.wait_all_serving(SERVICE_WAIT)
-        .await
-        .map_err(|e| anyhow::anyhow!("after the heal: {e}\n{}", zk.logs(20)))?;
+    let healed = partitioned.heal(ctx.ensemble()?).await?;
     ctx.wait_all_exit().await?;
+    let events = ctx.log.all();
     row.note(format!(
         "zk{} (a follower, a's only server) cut off from the other two right after a's read \
          (token {}), healed {} ms later; b was granted the lock {} ms after the cut (token {}); \
          a's outcome {} ms after the cut: {}",
         cut + 1,
-        first_token(&ctx.log.all(), &ctx.client("a")),
-        healed_ms - cut_ms,
+        first_token(&events, "a"),
+        healed.at_ms - cut_ms,
         b_acquired.ts() - cut_ms,
-        first_token(&ctx.log.all(), &ctx.client("b")),
+        first_token(&events, "b"),
         a_done.ts() - cut_ms,
         ctx.outcome_of("a"),
     ));
@@ -170,7 +100,7 @@ pub async fn zookeeper_partition(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Re
 pub async fn sentinel_failover(ctx: &mut Ctx<'_>, row: &mut Row, wait: bool) -> anyhow::Result<()> {
     // The first holder's lease must still be valid when the second is granted.
     ctx.timing.ttl = Duration::from_secs(10);
-    let with_wait = |spec: crate::procs::WorkerSpec| {
+    let with_wait = |spec: WorkerSpec| {
         if wait {
             spec.arg("--redis-wait-replicas", 1)
                 .arg("--redis-wait-timeout", "200ms")
@@ -178,65 +108,39 @@ pub async fn sentinel_failover(ctx: &mut Ctx<'_>, row: &mut Row, wait: bool) -> 
             spec
         }
     };
-    let group = ctx.services.sentinel.as_mut().context("sentinel group")?;
-    let master = group
-        .named_master()
-        .await
-        .context("the sentinels name no master")?;
-    let replica = 1 - master;
-    group
-        .wait_in_sync(master, replica, SERVICE_WAIT)
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let sides = SentinelFailover::find(ctx.sentinel()?).await?;
 
     // Some history first, replicated: the page's fence and the counter on
     // both servers agree.
     let before = with_wait(ctx.spec("before", 2));
     ctx.spawn(&before)?;
     ctx.wait_all_exit().await?;
-    let group = ctx.services.sentinel.as_mut().context("sentinel group")?;
-    group
-        .wait_in_sync(master, replica, SERVICE_WAIT)
-        .await
-        .map_err(anyhow::Error::msg)?;
-    group
-        .detach_replica(replica, master)
-        .await
-        .map_err(anyhow::Error::msg)?;
+    sides.wait_in_sync(ctx.sentinel()?).await?;
+    sides.detach(ctx.sentinel()?).await?;
 
     if !wait {
         // a is granted the lock on the master only, and stops right before
         // its PUT (its lease, 10 s, stays valid through what follows).
-        let a = with_wait(ctx.spec("a", 1)).arg("--stop-self-at", "writing");
-        let ia = ctx.spawn(&a)?;
-        ctx.wait_event("a", "writing").await?;
-        ctx.workers[ia]
-            .wait_stopped(Duration::from_secs(5))
-            .await
-            .context("a did not stop itself")?;
-        let failover = failover(ctx, master, replica).await?;
+        let (ia, paused) = ctx
+            .spawn_stopped(with_wait(ctx.spec("a", 1)), StopSelf("writing"))
+            .await?;
+        let promoted = sides.inject(ctx.sentinel()?).await?;
         // The old master comes back at once (the sentinels turn it into a
         // replica of the new one) while b works on the new master.
-        ctx.services
-            .sentinel
-            .as_mut()
-            .context("sentinel group")?
-            .thaw(master);
+        ctx.sentinel()?.thaw(promoted.old());
         let b = with_wait(ctx.spec("b", 1));
         ctx.spawn(&b)?;
         ctx.wait_event("b", "wrote").await?;
-        ctx.workers[ia].resume();
+        paused.heal(&ctx.workers[ia]);
         ctx.wait_event("a", "released").await?;
-        restore(ctx, master, replica).await?;
+        let took = promoted.took;
+        promoted.heal(ctx.sentinel()?).await?;
         ctx.wait_all_exit().await?;
         let events = ctx.log.all();
-        let (ta, tb) = (
-            first_token(&events, &ctx.client("a")),
-            first_token(&events, &ctx.client("b")),
-        );
+        let (ta, tb) = (first_token(&events, "a"), first_token(&events, "b"));
         row.note(format!(
             "master frozen, replica promoted in {} ms; a's grant (token {ta}) never reached it",
-            failover.as_millis()
+            took.as_millis()
         ));
         row.note(format!(
             "second holder: b was granted the same lock by the promoted replica with token {tb} \
@@ -261,93 +165,58 @@ pub async fn sentinel_failover(ctx: &mut Ctx<'_>, row: &mut Row, wait: bool) -> 
         // a's grants are refused by WAIT while the replica is cut off.
         let a = with_wait(ctx.spec("a", 1));
         ctx.spawn(&a)?;
-        let a_client = ctx.client("a");
+        let refused_by_wait = |e: &Event| {
+            e.kind() == "error" && e.str("message").is_some_and(|m| m.contains("(WAIT)"))
+        };
         ctx.log
-            .wait_for("a grant refused by WAIT", EVENT_WAIT, move |e| {
-                e.client == a_client
-                    && e.kind() == "error"
-                    && e.str("message").is_some_and(|m| m.contains("(WAIT)"))
+            .wait_for("a grant refused by WAIT", EVENT_WAIT, |e| {
+                e.client == "a" && refused_by_wait(e)
             })
             .await?;
-        let failover = failover(ctx, master, replica).await?;
+        let promoted = sides.inject(ctx.sentinel()?).await?;
         let b = with_wait(ctx.spec("b", 1));
         ctx.spawn(&b)?;
         // The new master has no replica until the old one is back as one:
         // until then WAIT refuses every grant there too.
-        restore(ctx, master, replica).await?;
+        let took = promoted.took;
+        promoted.heal(ctx.sentinel()?).await?;
         ctx.wait_event("b", "wrote").await?;
         ctx.wait_all_exit().await?;
         let events = ctx.log.all();
-        let refused = events
-            .iter()
-            .filter(|e| {
-                e.kind() == "error" && e.str("message").is_some_and(|m| m.contains("(WAIT)"))
-            })
-            .count();
+        let refused = events.iter().filter(|e| refused_by_wait(e)).count();
         row.note(format!(
             "WAIT 1 refused (and released) {refused} grant(s) that no replica acknowledged; \
              master frozen, replica promoted in {} ms; no grant was ever held that the \
              failover lost; tokens: a {}, b {}",
-            failover.as_millis(),
-            first_token(&events, &ctx.client("a")),
-            first_token(&events, &ctx.client("b")),
+            took.as_millis(),
+            first_token(&events, "a"),
+            first_token(&events, "b"),
         ));
     }
     Ok(())
 }
 
-/// Freeze the master, thaw the detached replica, wait until the sentinels
-/// promote it. How long that took.
-async fn failover(ctx: &mut Ctx<'_>, master: usize, replica: usize) -> anyhow::Result<Duration> {
-    let group = ctx.services.sentinel.as_mut().context("sentinel group")?;
-    group.freeze(master);
-    let frozen = Instant::now();
-    group.thaw(replica);
-    group
-        .wait_master(replica, SERVICE_WAIT)
-        .await
-        .map_err(anyhow::Error::msg)?;
-    Ok(frozen.elapsed())
-}
-
-/// Thaw the old master; the sentinels turn it into a replica of the new one.
-/// Wait until it is in sync, so the group is whole for the next row.
-async fn restore(ctx: &mut Ctx<'_>, old: usize, new: usize) -> anyhow::Result<()> {
-    let group = ctx.services.sentinel.as_mut().context("sentinel group")?;
-    group.thaw(old);
-    group
-        .wait_in_sync(new, old, SERVICE_WAIT)
-        .await
-        .map_err(|e| anyhow::anyhow!("the old master did not rejoin as a replica: {e}"))
-}
-
 /// Client *a* cannot reach master 1 of 3 (a proxy holds its traffic) while
 /// *a* and *b* both edit.
 pub async fn redlock_partition(ctx: &mut Ctx<'_>, row: &mut Row) -> anyhow::Result<()> {
-    let mut proxies = vec![];
-    let mut via = HashMap::new();
-    for port in ctx.services.ports() {
-        let p = DelayProxy::start(([127, 0, 0, 1], port).into()).await?;
-        via.insert(port, p.port());
-        proxies.push(p);
-    }
-    let cut = proxies.first().context("no redlock node")?;
-    cut.set_mode(Mode::Hold);
-    let a = ctx.spec_via("a", 3, &ctx.gateway.url(), &via);
+    let masters = ctx.services.ports();
+    let cut = *masters.first().context("no redlock node")?;
+    let link = HeldLink::start([cut]).await?;
+    let held = link.inject();
+    let a = ctx.spec_via("a", 3, &ctx.gateway.url(), &link.via());
     ctx.spawn(&a)?;
     let b = ctx.spec("b", 3);
     ctx.spawn(&b)?;
     ctx.wait_all_exit().await?;
-    cut.set_mode(Mode::Pass);
+    held.heal();
     let events = ctx.log.all();
-    let acked = |who: &str| events_of(&events, &ctx.client(who), "wrote").len();
     row.note(format!(
         "a could not reach master 1 of {} during its whole run ({} bytes held); \
          acknowledged: a {}, b {}; a majority of the other masters still decides",
-        proxies.len(),
-        cut.bytes_delayed(),
-        acked("a"),
-        acked("b"),
+        masters.len(),
+        link.bytes_held(cut),
+        count_of(&events, "a", "wrote"),
+        count_of(&events, "b", "wrote"),
     ));
     Ok(())
 }

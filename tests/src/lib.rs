@@ -23,14 +23,20 @@
 //! - [`stack`]: `scripts/stack`, the whole demo topology, on free ports.
 //! - [`transcript`]: the README's checked ```` ```console ```` transcripts and
 //!   the checker that runs them (against `scripts/stack` or the containers).
-//! - [`worker_proc`]: the `worker` binary as a process, its JSONL events as a stream.
+//! - [`procs`]: the project's own binaries (worker, gateway) as processes,
+//!   and the log of the workers' JSONL events.
+//! - [`worker_proc`]: one worker process, its events as a stream.
+//! - [`faults`]: the fault catalogue of the chaos rows and the soak, each
+//!   fault with its inject and its heal.
 //! - [`python`]: Python tools (schemathesis, the benchmark's peers) in venvs under `target/`.
 
+pub mod faults;
 pub mod haproxy;
 pub mod mariadb;
 pub mod netns;
 pub mod postgres;
 pub mod process;
+pub mod procs;
 pub mod proxy;
 pub mod python;
 pub mod redis;

@@ -50,7 +50,11 @@ impl DelayProxy {
         let addr = listener.local_addr()?;
         let (mode, _) = watch::channel(Mode::Pass);
         let held = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(accept_loop(listener, upstream, mode.clone(), held.clone()));
+        let relay = {
+            let (mode, held) = (mode.clone(), held.clone());
+            move |client, server| pump(client, server, mode.subscribe(), held.clone())
+        };
+        let task = tokio::spawn(super::relay_connections(listener, upstream, || true, relay));
         Ok(Self {
             addr,
             upstream,
@@ -92,31 +96,6 @@ impl DelayProxy {
 impl Drop for DelayProxy {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    upstream: SocketAddr,
-    mode: watch::Sender<Mode>,
-    held: Arc<AtomicU64>,
-) {
-    let mut conns = tokio::task::JoinSet::new();
-    loop {
-        let Ok((client, _)) = listener.accept().await else {
-            continue;
-        };
-        let mode = mode.subscribe();
-        let held = held.clone();
-        conns.spawn(async move {
-            if let Ok(server) = TcpStream::connect(upstream).await {
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                pump(client, server, mode, held).await;
-            }
-        });
-        // Reap finished connections so the set does not grow without bound.
-        while conns.try_join_next().is_some() {}
     }
 }
 

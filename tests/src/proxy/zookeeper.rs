@@ -82,11 +82,19 @@ impl ZooKeeperProxy {
         let (port, listener) = bound.expect("a free port for the zookeeper proxy");
         let state = Arc::new(Mutex::new(State::default()));
         let (fired, _) = watch::channel(0);
-        let task = tokio::spawn(accept_loop(
+        let admit = {
+            let state = state.clone();
+            move || !state.lock().unwrap().closed
+        };
+        let relay = {
+            let (state, fired) = (state.clone(), fired.clone());
+            move |client, server| relay(client, server, state.clone(), fired.clone())
+        };
+        let task = tokio::spawn(super::relay_connections(
             listener,
-            upstream_port,
-            state.clone(),
-            fired.clone(),
+            ([127, 0, 0, 1], upstream_port).into(),
+            admit,
+            relay,
         ));
         Self {
             port,
@@ -141,27 +149,6 @@ impl ZooKeeperProxy {
 impl Drop for ZooKeeperProxy {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    upstream_port: u16,
-    state: Arc<Mutex<State>>,
-    fired: watch::Sender<u64>,
-) {
-    let mut connections = tokio::task::JoinSet::new();
-    while let Ok((client, _)) = listener.accept().await {
-        if state.lock().unwrap().closed {
-            drop(client);
-            continue;
-        }
-        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)).await else {
-            continue;
-        };
-        let _ = client.set_nodelay(true);
-        let _ = server.set_nodelay(true);
-        connections.spawn(relay(client, server, state.clone(), fired.clone()));
     }
 }
 

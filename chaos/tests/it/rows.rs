@@ -1,14 +1,10 @@
-//! The assertions of issue 7, each over the rows the chaos runner produces for
+//! The suite's assertions, each over the rows the chaos runner produces for
 //! a subset of the matrix. A failure prints the table and the seed to replay:
 //! `cargo run -p chaos -- --seed N --scenario S --backend B --fencing F`.
-//!
-//! Needs the worker and gateway binaries: `cargo build -p worker -p gateway`.
 
 use chaos::{report, Backend, Plan, Row, Scenario};
-use tokio::sync::Mutex;
 
-/// The rows of one test run one at a time: two cores, and timing matters.
-static SERIAL: Mutex<()> = Mutex::const_new(());
+use crate::{seed, SERIAL};
 
 const FENCED: [Backend; 4] = [
     Backend::Redis,
@@ -17,91 +13,69 @@ const FENCED: [Backend; 4] = [
     Backend::LeaseMysql,
 ];
 
-fn seed() -> u64 {
-    std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random)
+/// `scenarios` on every fenced backend, with the fence on.
+fn fenced(scenarios: &[Scenario]) -> Plan {
+    Plan::new(seed())
+        .scenarios(scenarios)
+        .backends(&FENCED)
+        .fencing(true)
 }
 
-async fn run(plan: Plan) -> Vec<Row> {
+/// Run `plan` alone, print its table and seed, and check that its rows
+/// (`n` of them, if given) hold every assertion of [`chaos::violations`].
+async fn run_holding(plan: Plan, n: Option<usize>) -> Vec<Row> {
     let _one_at_a_time = SERIAL.lock().await;
     let rows = chaos::run(&plan).await;
-    eprintln!("seed {}\n{}", plan.seed, report::table(&rows));
-    rows
-}
-
-#[track_caller]
-fn assert_holds(rows: &[Row], seed: u64) {
+    let table = report::table(&rows);
+    eprintln!("seed {}\n{table}", plan.seed);
     assert!(!rows.is_empty(), "no rows ran");
-    let violations = chaos::violations(rows);
+    if let Some(n) = n {
+        assert_eq!(rows.len(), n, "{table}");
+    }
+    let violations = chaos::violations(&rows);
     assert!(
         violations.is_empty(),
-        "seed {seed}:\n{}\n{}",
+        "seed {}:\n{}\n{table}",
+        plan.seed,
         violations.join("\n"),
-        report::table(rows)
     );
+    rows
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_backends_lose_nothing_under_gc_pause_at_writing_and_reject_the_stale_write() {
-    let seed = seed();
-    let rows = run(Plan::new(seed)
-        .scenarios(&[Scenario::GcPauseWriting])
-        .backends(&FENCED)
-        .fencing(true))
-    .await;
-    assert_eq!(rows.len(), FENCED.len());
-    assert_holds(&rows, seed);
+    let rows = run_holding(fenced(&[Scenario::GcPauseWriting]), Some(FENCED.len())).await;
     assert!(rows.iter().all(|r| r.stale_rejected >= 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_fence_a_gc_pause_at_writing_loses_an_update_on_every_backend() {
-    let seed = seed();
-    let rows = run(Plan::new(seed)
+    let plan = Plan::new(seed())
         .scenarios(&[Scenario::GcPauseWriting])
-        .fencing(false))
-    .await;
-    assert_eq!(rows.len(), Backend::ALL.len());
-    assert_holds(&rows, seed);
+        .fencing(false);
+    let rows = run_holding(plan, Some(Backend::ALL.len())).await;
     assert!(rows.iter().all(|r| r.lost_updates >= 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_backends_reject_a_delayed_write_and_lose_nothing() {
-    let seed = seed();
-    let rows = run(Plan::new(seed)
-        .scenarios(&[Scenario::DelayedWrite])
-        .backends(&FENCED)
-        .fencing(true))
-    .await;
-    assert_eq!(rows.len(), FENCED.len());
-    assert_holds(&rows, seed);
+    run_holding(fenced(&[Scenario::DelayedWrite]), Some(FENCED.len())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_backends_lose_nothing_under_pause_at_read_crash_and_clock_jump() {
-    let seed = seed();
-    let rows = run(Plan::new(seed)
-        .scenarios(&[Scenario::GcPauseRead, Scenario::Crash, Scenario::ClockJump])
-        .backends(&FENCED)
-        .fencing(true))
-    .await;
-    assert_eq!(rows.len(), 3 * FENCED.len());
-    assert_holds(&rows, seed);
+    let plan = fenced(&[Scenario::GcPauseRead, Scenario::Crash, Scenario::ClockJump]);
+    run_holding(plan, Some(3 * FENCED.len())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_restarts_lose_no_acknowledged_edit_and_redlock_gets_a_second_holder() {
-    let seed = seed();
-    let rows = run(Plan::new(seed).scenarios(&[
+    let plan = Plan::new(seed()).scenarios(&[
         Scenario::RedisRestart,
         Scenario::ZookeeperRestart,
         Scenario::PostgresRestart,
-    ]))
-    .await;
-    assert_holds(&rows, seed);
+    ]);
+    let rows = run_holding(plan, None).await;
     let redlock = rows
         .iter()
         .find(|r| r.backend == "redlock" && r.scenario == "redis-restart")
@@ -109,36 +83,29 @@ async fn service_restarts_lose_no_acknowledged_edit_and_redlock_gets_a_second_ho
     assert!(redlock.double_holders >= 1, "{redlock:?}");
 }
 
-/// Issue 14, ZooKeeper on its three-node ensemble: the leader killed, and the
+/// ZooKeeper on its three-node ensemble: the leader killed, and the
 /// holder's server cut off from the other two past the session timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zookeeper_leader_kill_or_partition_loses_nothing_with_the_fence() {
-    let seed = seed();
-    let rows =
-        run(Plan::new(seed)
-            .scenarios(&[Scenario::ZookeeperLeaderKill, Scenario::ZookeeperPartition]))
-        .await;
+    let plan =
+        Plan::new(seed()).scenarios(&[Scenario::ZookeeperLeaderKill, Scenario::ZookeeperPartition]);
     // Each with the fence on and off.
-    assert_eq!(rows.len(), 4, "{}", report::table(&rows));
-    assert_holds(&rows, seed);
+    let rows = run_holding(plan, Some(4)).await;
     for r in rows.iter().filter(|r| r.fencing) {
         assert_eq!((r.lost_updates, r.stale_accepted), (0, 0), "{r:?}");
     }
 }
 
-/// Issue 14, Redis Sentinel and Redlock: a failover that loses a grant (and
-/// the same with WAIT 1), and a Redlock client cut off from one master of three.
+/// Redis Sentinel and Redlock: a failover that loses a grant (and the same
+/// with WAIT 1), and a Redlock client cut off from one master of three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_failover_hands_the_lock_to_a_second_holder_whom_the_issuer_check_names() {
-    let seed = seed();
-    let rows = run(Plan::new(seed).scenarios(&[
+    let plan = Plan::new(seed()).scenarios(&[
         Scenario::SentinelFailover,
         Scenario::SentinelFailoverWait,
         Scenario::RedlockPartition,
-    ]))
-    .await;
-    assert_eq!(rows.len(), 5, "{}", report::table(&rows));
-    assert_holds(&rows, seed);
+    ]);
+    let rows = run_holding(plan, Some(5)).await;
     let failover: Vec<&Row> = rows
         .iter()
         .filter(|r| r.scenario == Scenario::SentinelFailover.name())
@@ -146,7 +113,7 @@ async fn a_sentinel_failover_hands_the_lock_to_a_second_holder_whom_the_issuer_c
     assert_eq!(failover.len(), 2);
     for r in failover {
         // The second holder is counted, and explained in the notes
-        // (assert_holds checks both): the promoted replica re-minted the lost
+        // (run_holding checks both): the promoted replica re-minted the lost
         // grant's token, which is not lower than the page's fence.
         assert!(r.double_holders >= 1, "{r:?}");
         assert!(
@@ -190,25 +157,22 @@ async fn a_sentinel_failover_hands_the_lock_to_a_second_holder_whom_the_issuer_c
     }
 }
 
-/// Issue 15, on one backend: the lock service is not what fails here, the
-/// storage is. ZooKeeper's token (a zxid) never goes back by itself, so any
+/// The storage failing over, on one backend: the lock service is not what
+/// fails here, the storage is. ZooKeeper's token (a zxid) never goes back by itself, so any
 /// regression is the database's.
 const FAILOVER_BACKEND: [Backend; 1] = [Backend::Zookeeper];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_synchronous_standby_failover_loses_no_acknowledged_edit_and_keeps_the_fence() {
-    let seed = seed();
-    let rows = run(Plan::new(seed)
+    let plan = Plan::new(seed())
         .scenarios(&[
             Scenario::PostgresFailoverSync,
             Scenario::PostgresFailoverAsync,
         ])
         .backends(&FAILOVER_BACKEND)
-        .fencing(true))
-    .await;
-    assert_eq!(rows.len(), 2);
+        .fencing(true);
     // violations() exempts the async row from the loss checks: it is reported as measured.
-    assert_holds(&rows, seed);
+    let rows = run_holding(plan, Some(2)).await;
     let sync = rows
         .iter()
         .find(|r| r.scenario == Scenario::PostgresFailoverSync.name())
@@ -236,13 +200,10 @@ async fn a_synchronous_standby_failover_loses_no_acknowledged_edit_and_keeps_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_behind_the_balancer_costs_requests_not_acknowledged_edits() {
-    let seed = seed();
-    let rows = run(Plan::new(seed)
+    let plan = Plan::new(seed())
         .scenarios(&[Scenario::GatewayKill])
         .backends(&FAILOVER_BACKEND)
-        .fencing(true))
-    .await;
-    assert_eq!(rows.len(), 1);
-    assert_holds(&rows, seed);
+        .fencing(true);
+    let rows = run_holding(plan, Some(1)).await;
     assert!(rows[0].acknowledged >= 1, "{:?}", rows[0]);
 }

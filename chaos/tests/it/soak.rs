@@ -1,24 +1,23 @@
-//! The two-minute soak (issue 15): every fenced backend at once under random
+//! The two-minute soak: every fenced backend at once under random
 //! faults from the whole catalogue, then the checker over the complete
 //! history must find nothing. `cargo run -p chaos -- --soak --minutes 30` is
 //! the long one (docs/CHAOS.md, "Soak").
 //!
 //! `CHAOS_SOAK_MINUTES` changes the length; `CHAOS_SEED` replays a run.
-//! Needs the worker and gateway binaries: `cargo build -p worker -p gateway`,
-//! and root: the ZooKeeper ensemble runs in network namespaces (its two
-//! faults, `zookeeper-partition` and `zookeeper-leader-kill`, are among the
-//! kinds that must be injected).
+//! Root is needed: the ZooKeeper ensemble runs in network namespaces (its
+//! two faults, `zookeeper-partition` and `zookeeper-leader-kill`, are among
+//! the kinds that must be injected).
 
 use std::time::Duration;
 
 use chaos::soak::{self, Fault, SoakConfig};
 
+use crate::{seed, SERIAL};
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_minutes_of_random_faults_on_every_fenced_backend_leave_a_clean_history() {
-    let seed = std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+    let _one_at_a_time = SERIAL.lock().await;
+    let seed = seed();
     let minutes: f64 = std::env::var("CHAOS_SOAK_MINUTES")
         .ok()
         .and_then(|s| s.parse().ok())
