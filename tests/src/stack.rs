@@ -13,6 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -50,6 +51,37 @@ pub fn bin_dir() -> PathBuf {
 /// The worker settings a caller's environment may hold: never inherited.
 const CALLERS_WORKER_VARS: [&str; 3] = ["WORKER_GATEWAY", "WORKER_FENCING", "WORKER_FAIR"];
 
+/// How many stacks one test process runs at once: each is some twenty
+/// processes, three JVMs among them. The README tutorial's three tests ran
+/// three at once when they had a test binary of their own; now that every
+/// stack test shares one, this keeps that bound.
+pub const MAX_AT_ONCE: usize = 3;
+
+/// A place among [`MAX_AT_ONCE`], held by a running stack.
+struct Slot;
+
+static TAKEN: Mutex<usize> = Mutex::new(0);
+static FREED: Condvar = Condvar::new();
+
+impl Slot {
+    /// Wait for a free place.
+    fn take() -> Slot {
+        let mut taken = TAKEN.lock().unwrap_or_else(PoisonError::into_inner);
+        while *taken >= MAX_AT_ONCE {
+            taken = FREED.wait(taken).unwrap_or_else(PoisonError::into_inner);
+        }
+        *taken += 1;
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *TAKEN.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
+        FREED.notify_one();
+    }
+}
+
 /// A running `scripts/stack`, stopped on drop.
 pub struct Stack {
     _state: TempDir,
@@ -60,6 +92,8 @@ pub struct Stack {
     unfenced: u16,
     /// The fenced gateways themselves (the README's :8082 and :8083).
     gateways: [u16; 2],
+    // Dropped after `Drop::drop` has taken the stack down.
+    _slot: Slot,
 }
 
 /// One straggler of the README (steps 5 and 6), as the history tells it.
@@ -99,6 +133,7 @@ impl Stack {
 
     /// `BACKEND=<backend> scripts/stack up`.
     pub fn up_with(prefix: &str, backend: &str) -> Stack {
+        let slot = Slot::take();
         let state = tempfile::Builder::new()
             .prefix(prefix)
             .tempdir()
@@ -139,6 +174,7 @@ impl Stack {
             gateway,
             unfenced,
             gateways,
+            _slot: slot,
         };
         let out = stack.script(&["up"]);
         if !out.status.success() {
