@@ -331,7 +331,12 @@ where
 /// showing its stderr, when it cannot run or does not succeed.
 #[track_caller]
 pub fn run_ok(command: &mut Command) -> std::process::Output {
-    let shown = format!("{command:?}");
+    let args: Vec<_> = command.get_args().collect();
+    let shown = format!(
+        "`{} {}`",
+        command.get_program().display(),
+        args.join(" ".as_ref()).display()
+    );
     let out = command
         .output()
         .unwrap_or_else(|e| panic!("run {shown}: {e}"));

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::process::free_port;
+use crate::process::{free_port, run_ok};
 use crate::transcript;
 
 /// The repository's root.
@@ -254,17 +254,11 @@ impl Stack {
             .replace("localhost:8082", &format!("127.0.0.1:{}", self.gateways[0]))
             .replace("localhost:8083", &format!("127.0.0.1:{}", self.gateways[1]))
             .replace("docker compose ", &format!("{} ", stack.display()));
-        let out = self
-            .command("sh")
-            .args(["-c", &command])
-            .envs(vars.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .output()
-            .expect("run sh");
-        assert!(
-            out.status.success(),
-            "`{command}` failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = run_ok(
+            self.command("sh")
+                .args(["-c", &command])
+                .envs(vars.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null()),
         );
         String::from_utf8_lossy(&out.stdout).replace('\r', "")
     }

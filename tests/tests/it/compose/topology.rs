@@ -31,21 +31,25 @@ fn compose_file_passes_docker_compose_config() {
     }
 }
 
+/// The replicated lock services: the ZooKeeper ensemble and the Sentinel group.
+const REPLICATED: [&str; 8] = [
+    "zk1",
+    "zk2",
+    "zk3",
+    "redis-master",
+    "redis-replica",
+    "sentinel-1",
+    "sentinel-2",
+    "sentinel-3",
+];
+
 #[test]
 fn every_service_is_pinned_healthchecked_and_waits_for_healthy_dependencies() {
     let compose = compose();
     let services = services(&compose);
-    for name in [
+    let others = [
         "postgres",
         "redis",
-        "zk1",
-        "zk2",
-        "zk3",
-        "redis-master",
-        "redis-replica",
-        "sentinel-1",
-        "sentinel-2",
-        "sentinel-3",
         "mariadb",
         "gateway",
         "gateway-unfenced",
@@ -54,7 +58,8 @@ fn every_service_is_pinned_healthchecked_and_waits_for_healthy_dependencies() {
         "worker-3",
         "redlock-1",
         "redlock-5",
-    ] {
+    ];
+    for name in REPLICATED.into_iter().chain(others) {
         assert!(
             services.contains_key(name),
             "compose.yaml has no service {name}"
@@ -127,16 +132,7 @@ fn compose_and_the_stack_script_define_the_same_services() {
         assert!(compose.contains(name), "no {name}");
     }
     // The ZooKeeper ensemble and the Sentinel group, in both.
-    for name in [
-        "zk1",
-        "zk2",
-        "zk3",
-        "redis-master",
-        "redis-replica",
-        "sentinel-1",
-        "sentinel-2",
-        "sentinel-3",
-    ] {
+    for name in REPLICATED {
         assert!(compose.contains(name), "no {name}");
     }
 }

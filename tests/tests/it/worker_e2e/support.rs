@@ -196,6 +196,15 @@ pub fn events_named<'a>(events: &'a [WorkerEvent], name: &str) -> Vec<&'a Worker
     events.iter().filter(|e| e["event"] == name).collect()
 }
 
+/// The worker's next `error` event, which must be a transient one during
+/// `during` (`connect`, `read`...): it will try again.
+pub async fn retrying(w: &mut WorkerProcess, during: &str) -> WorkerEvent {
+    let error = w.wait_for_event("error").await;
+    assert_eq!(error["transient"], true, "{error}");
+    assert_eq!(error["during"], during, "{error}");
+    error
+}
+
 /// The `line` of each `wrote` event: the edits the gateway acknowledged.
 pub fn lines_written(w: &WorkerProcess) -> Vec<String> {
     events_named(w.events(), "wrote")

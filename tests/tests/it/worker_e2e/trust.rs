@@ -10,7 +10,9 @@ use harness::worker_proc::worker_binary;
 use harness::Redis;
 use serde_json::Value;
 
-use super::support::{events_named, key_of, keyed, ran, spawn_worker, LockService, Scene};
+use super::support::{
+    events_named, key_of, keyed, ran, retrying, spawn_worker, LockService, Scene,
+};
 
 /// A worker whose key the gateway refuses: it releases the lock, says what
 /// to fix, exits 2 without retrying, and nothing reaches the page.
@@ -187,9 +189,7 @@ async fn issuer_unavailable_is_retried_until_the_gateway_reaches_the_issuer() {
         &["--edits", "1", "--work-ms", "10", "--ttl", "2s"],
     );
     for _ in 0..2 {
-        let error = w.wait_for_event("error").await;
-        assert_eq!(error["transient"], true, "{error}");
-        assert_eq!(error["during"], "read", "{error}");
+        let error = retrying(&mut w, "read").await;
         assert!(
             error["message"]
                 .as_str()
