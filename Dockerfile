@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # Both binaries in one small image: `gateway` (the default command) and `worker`.
-# tests/tests/compose.rs checks that the binaries built here are the ones the
+# tests/tests/it/compose/ checks that the binaries built here are the ones the
 # workspace defines and the ones compose.yaml runs; scripts/compose-smoke
 # builds it for real (with podman) and runs the README against it.
 

@@ -14,9 +14,9 @@
 //!   description groups them by status, each code's body a component schema
 //!   with `error` fixed to the code and its detail fields required.
 //!   `error::tests` checks every variant's body against its code's fields;
-//!   schemathesis (tests/tests/openapi_fuzz.rs) checks the real responses.
+//!   schemathesis (tests/tests/it/openapi_fuzz.rs) checks the real responses.
 //! - The examples are lines of the README's tutorial, which
-//!   tests/tests/tutorial.rs checks against a running stack; a test here
+//!   tests/tests/it/tutorial.rs checks against a running stack; a test here
 //!   checks that each one is still in the README.
 //!
 //! What the description cannot say, and says in words instead: a GET needs

@@ -9,20 +9,23 @@
 //! a gateway that dies is not retried by HAProxy (the client sees a 502 and
 //! decides; our worker retries the same PUT with the same token and body).
 
+use std::path::Path;
 use std::time::Duration;
 
-use tempfile::TempDir;
+use crate::process::{find_binary, free_port, wait_until, Recipe};
+use crate::service::{Server, Service};
 
-use crate::process::{find_binary, free_port, wait_until, Recipe, ServiceProcess};
-
-/// One `haproxy` process balancing HTTP over `servers` (ports on 127.0.0.1),
-/// named `gw1`, `gw2`... in the stats. Killed on drop.
-pub struct Haproxy {
-    process: ServiceProcess,
-    port: u16,
-    stats_port: u16,
-    _dir: TempDir,
+/// An HAProxy balancing HTTP over gateways: what is its own (its config,
+/// its stats page as readiness). The rest is [`Server`]'s.
+#[derive(Debug, Clone)]
+pub struct HaproxyService {
+    /// The gateways' ports on 127.0.0.1, named `gw1`, `gw2`... in the stats.
+    pub servers: Vec<u16>,
+    pub stats_port: u16,
 }
+
+/// One `haproxy` process balancing HTTP over gateways. Killed on drop.
+pub type Haproxy = Server<HaproxyService>;
 
 /// The configuration for a balancer on `port` over gateways on `servers`,
 /// with its stats page on `stats_port`.
@@ -59,7 +62,37 @@ pub fn config(port: u16, stats_port: u16, servers: &[u16]) -> String {
     cfg
 }
 
-impl Haproxy {
+impl Service for HaproxyService {
+    const NAME: &'static str = "haproxy";
+    /// The gateways need not be up: its stats page answers without them.
+    const READY_WITHIN: Duration = Duration::from_secs(15);
+
+    async fn prepare(&self, dir: &Path, port: u16) -> Recipe {
+        let cfg = dir.join("haproxy.cfg");
+        std::fs::write(&cfg, config(port, self.stats_port, &self.servers))
+            .expect("write haproxy.cfg");
+        // -db: stay in the foreground; -W would add a master process.
+        let args = vec![
+            "-db".into(),
+            "-f".into(),
+            cfg.to_string_lossy().into_owned(),
+        ];
+        Recipe::new(
+            find_binary("haproxy", &["/usr/sbin"]),
+            args,
+            dir.join("haproxy.log"),
+        )
+    }
+
+    async fn probe(&self, _port: u16) -> anyhow::Result<()> {
+        states_at(self.stats_port)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        Ok(())
+    }
+}
+
+impl Server<HaproxyService> {
     /// Start on a free port in front of `servers` and wait until it answers
     /// its stats page (the gateways need not be up yet).
     pub async fn start(servers: &[u16]) -> Self {
@@ -68,59 +101,22 @@ impl Haproxy {
 
     /// [`Haproxy::start`] on a chosen port.
     pub async fn start_on(port: u16, servers: &[u16]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("harness-haproxy-")
-            .tempdir()
-            .expect("temp dir");
-        let stats_port = free_port();
-        let cfg = dir.path().join("haproxy.cfg");
-        std::fs::write(&cfg, config(port, stats_port, servers)).expect("write haproxy.cfg");
-        let recipe = Recipe {
-            program: find_binary("haproxy", &["/usr/sbin"]),
-            // -db: stay in the foreground; -W would add a master process.
-            args: vec![
-                "-db".into(),
-                "-f".into(),
-                cfg.to_string_lossy().into_owned(),
-            ],
-            env: vec![],
-            user: None,
-            log: dir.path().join("haproxy.log"),
+        let service = HaproxyService {
+            servers: servers.to_vec(),
+            stats_port: free_port(),
         };
-        let process = ServiceProcess::spawn("haproxy", recipe).expect("spawn haproxy");
-        let me = Self {
-            process,
-            port,
-            stats_port,
-            _dir: dir,
-        };
-        if let Err(e) = wait_until(Duration::from_secs(15), || me.server_states()).await {
-            panic!(
-                "haproxy did not answer its stats page: {e}\n--- log ---\n{}",
-                me.process.log_tail(30)
-            );
-        }
-        me
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
+        Self::launch_on(service, port).await
     }
 
     /// `http://127.0.0.1:PORT`
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    pub fn process(&mut self) -> &mut ServiceProcess {
-        &mut self.process
+        format!("http://127.0.0.1:{}", self.port())
     }
 
     /// `(server, status)` of each gateway as the health checks see it
     /// (`UP`, `DOWN`, `UP 1/2`...), from the stats page's CSV.
     pub async fn server_states(&self) -> Result<Vec<(String, String)>, String> {
-        let csv = http_get(self.stats_port, "/stats;csv").await?;
-        Ok(parse_states(&csv))
+        states_at(self.service().stats_port).await
     }
 
     /// Wait until `n` gateways are `UP`.
@@ -149,6 +145,12 @@ impl Haproxy {
         })
         .await
     }
+}
+
+/// The gateways' states from the stats page on `stats_port`.
+async fn states_at(stats_port: u16) -> Result<Vec<(String, String)>, String> {
+    let csv = http_get(stats_port, "/stats;csv").await?;
+    Ok(parse_states(&csv))
 }
 
 fn parse_states(csv: &str) -> Vec<(String, String)> {

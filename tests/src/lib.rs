@@ -8,6 +8,9 @@
 //!
 //! # Layout
 //! - [`process`]: one child process, spawned so that it dies with the test binary.
+//! - [`service`]: the lifecycle every server shares ([`Server`]), and the
+//!   [`Service`] trait by which each says only what is its own; [`Database`]
+//!   for the SQL servers (a fresh database per test).
 //! - [`postgres`]: PostgreSQL, plus [`fresh_database`] (one new database per test).
 //! - [`replication`]: a PostgreSQL primary with a streaming standby (async or
 //!   sync), a cuttable replication link, promotion.
@@ -42,6 +45,7 @@ pub mod python;
 pub mod redis;
 pub mod replication;
 pub mod sentinel;
+pub mod service;
 pub mod stack;
 pub mod transcript;
 pub mod worker_proc;
@@ -56,5 +60,6 @@ pub use proxy::{DelayProxy, ZooKeeperProxy};
 pub use redis::{Persistence, Redis};
 pub use replication::{PostgresPair, Replication};
 pub use sentinel::SentinelGroup;
+pub use service::{Database, Server, Service};
 pub use zookeeper::ZooKeeper;
 pub use zookeeper_hosts::ZooKeeperHosts;

@@ -76,6 +76,17 @@ pub struct Recipe {
 }
 
 impl Recipe {
+    /// `program args`, as root, its output appended to `log`.
+    pub fn new(program: PathBuf, args: Vec<String>, log: PathBuf) -> Self {
+        Recipe {
+            program,
+            args,
+            env: vec![],
+            user: None,
+            log,
+        }
+    }
+
     fn command(&self) -> std::io::Result<Command> {
         use std::os::unix::process::CommandExt;
         let log = File::options().create(true).append(true).open(&self.log)?;
@@ -124,9 +135,7 @@ impl ServiceProcess {
 
     /// The last `n` lines of the service's log, for panic messages.
     pub fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(&self.recipe.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        log_tail(&self.recipe.log, n)
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -223,6 +232,13 @@ impl Drop for ServiceProcess {
     }
 }
 
+/// The last `n` lines of the file at `path` (empty when it cannot be read).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// The fields of `/proc/<pid>/stat` after the command name (field 2, which
 /// may hold spaces and ends at the last ')'): the state first, then the
 /// parent's pid. `None` when the process is gone.
@@ -311,6 +327,28 @@ where
     }
 }
 
+/// Run `command` to its end; its output. Panics, naming the command and
+/// showing its stderr, when it cannot run or does not succeed.
+#[track_caller]
+pub fn run_ok(command: &mut Command) -> std::process::Output {
+    let args: Vec<_> = command.get_args().collect();
+    let shown = format!(
+        "`{} {}`",
+        command.get_program().display(),
+        args.join(" ".as_ref()).display()
+    );
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {shown}: {e}"));
+    assert!(
+        out.status.success(),
+        "{shown} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// Find an executable: on PATH, or in one of the fallback directories Debian uses.
 pub fn find_binary(name: &str, fallbacks: &[&str]) -> PathBuf {
     if let Some(path) = std::env::var_os("PATH") {
@@ -341,7 +379,7 @@ pub fn find_binary(name: &str, fallbacks: &[&str]) -> PathBuf {
 /// its data dirs behind (gigabytes after a day of test runs). The services
 /// themselves die with the test binary (`PR_SET_PDEATHSIG`), so the first call
 /// here removes the scratch dirs of harness processes that no longer exist.
-pub fn scratch_dir() -> &'static std::path::Path {
+pub fn scratch_dir() -> &'static Path {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let tmp = std::env::temp_dir();
@@ -367,4 +405,12 @@ pub fn scratch_dir() -> &'static std::path::Path {
             .expect("make the harness scratch dir traversable");
         dir
     })
+}
+
+/// A fresh temp dir `harness-<label>-XXXX` in [`scratch_dir`], removed on drop.
+pub fn temp_dir(label: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("harness-{label}-"))
+        .tempdir_in(scratch_dir())
+        .unwrap_or_else(|e| panic!("temp dir for {label}: {e}"))
 }

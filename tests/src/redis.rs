@@ -1,12 +1,13 @@
 //! A private redis-server from Debian's `redis-server` package.
 
+use std::path::Path;
 use std::time::Duration;
 
-use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::process::{find_binary, free_port, wait_until, Recipe, ServiceProcess};
+use crate::process::{find_binary, Recipe};
+use crate::service::{Server, Service};
 
 /// How the server keeps its data across a restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -18,37 +19,34 @@ pub enum Persistence {
     AofAlways,
 }
 
-/// A redis-server on a free port with its dir in a temp dir. Killed on drop.
-pub struct Redis {
-    process: ServiceProcess,
-    port: u16,
-    _dir: TempDir,
+/// A redis-server: what is its own (its arguments, PING as readiness). The
+/// rest is [`Server`]'s.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RedisService {
+    pub persistence: Persistence,
 }
 
-impl Redis {
-    pub async fn start() -> Self {
-        Self::start_with(Persistence::None).await
-    }
+/// A redis-server on a free port with its dir in a temp dir. Killed on drop.
+pub type Redis = Server<RedisService>;
 
-    pub async fn start_with(persistence: Persistence) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("harness-redis-")
-            .tempdir_in(crate::process::scratch_dir())
-            .expect("temp dir");
-        let port = free_port();
+impl Service for RedisService {
+    const NAME: &'static str = "redis";
+    const READY_WITHIN: Duration = Duration::from_secs(15);
+
+    async fn prepare(&self, dir: &Path, port: u16) -> Recipe {
         let mut args: Vec<String> = vec![
             "--port".into(),
             port.to_string(),
             "--bind".into(),
             "127.0.0.1".into(),
             "--dir".into(),
-            dir.path().to_string_lossy().into_owned(),
+            dir.to_string_lossy().into_owned(),
             "--save".into(),
             "".into(),
             "--daemonize".into(),
             "no".into(),
         ];
-        match persistence {
+        match self.persistence {
             Persistence::None => args.extend(["--appendonly".into(), "no".into()]),
             Persistence::AofAlways => args.extend([
                 "--appendonly".into(),
@@ -57,61 +55,26 @@ impl Redis {
                 "always".into(),
             ]),
         }
-        let recipe = Recipe {
-            program: find_binary("redis-server", &["/usr/bin", "/usr/local/bin"]),
+        Recipe::new(
+            find_binary("redis-server", &["/usr/bin", "/usr/local/bin"]),
             args,
-            env: vec![],
-            user: None,
-            log: dir.path().join("redis.log"),
-        };
-        let process = ServiceProcess::spawn("redis", recipe).expect("spawn redis-server");
-        let mut me = Self {
-            process,
-            port,
-            _dir: dir,
-        };
-        me.wait_ready().await;
-        me
+            dir.join("redis.log"),
+        )
     }
 
-    pub fn port(&self) -> u16 {
-        self.port
+    async fn probe(&self, port: u16) -> anyhow::Result<()> {
+        Ok(ping(port).await?)
+    }
+}
+
+impl Server<RedisService> {
+    pub async fn start_with(persistence: Persistence) -> Self {
+        Self::launch(RedisService { persistence }).await
     }
 
+    /// `redis://127.0.0.1:PORT/`
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    pub fn process(&mut self) -> &mut ServiceProcess {
-        &mut self.process
-    }
-
-    /// Crash: SIGKILL. Without persistence, every key is gone at the next start.
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Start again on the same port and dir, and wait until it answers PING.
-    pub async fn start_again(&mut self) {
-        self.process.start().expect("restart redis-server");
-        self.wait_ready().await;
-    }
-
-    /// Kill and start again at once.
-    pub async fn restart(&mut self) {
-        self.kill();
-        self.start_again().await;
-    }
-
-    async fn wait_ready(&mut self) {
-        let port = self.port;
-        let ready = wait_until(Duration::from_secs(15), || ping(port)).await;
-        if let Err(e) = ready {
-            panic!(
-                "redis-server did not answer PING on port {port}: {e}\n--- log ---\n{}",
-                self.process.log_tail(40)
-            );
-        }
+        format!("redis://127.0.0.1:{}/", self.port())
     }
 }
 

@@ -17,15 +17,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::{Connection, PgConnection};
+use anyhow::anyhow;
+use sqlx::postgres::PgRow;
+use sqlx::{Connection, FromRow, PgConnection};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinHandle};
 
-use crate::postgres::{initdb, postgres_user, server_recipe, PG_BIN};
-use crate::process::{find_binary, free_port, wait_until, ServiceProcess};
+use crate::postgres::{initdb, postgres_user, run_tool, server_recipe, PostgresService};
+use crate::process::{free_port, log_tail, temp_dir, wait_until, ServiceProcess};
+use crate::service::{create_database_named, ready_or_panic, sql_ping_at, Database};
 
 /// How the primary waits for the standby before acknowledging a commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +91,7 @@ impl Node {
     }
 
     fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+        PostgresService::url_at(self.port, db)
     }
 
     fn spawn(&mut self, name: &str) {
@@ -96,33 +99,20 @@ impl Node {
         self.process = Some(ServiceProcess::spawn(name, recipe).expect("spawn postgres"));
     }
 
+    /// The end of its log (which outlives its process: see [`server_recipe`]).
     fn log_tail(&self, n: usize) -> String {
-        self.process
-            .as_ref()
-            .map(|p| p.log_tail(n))
-            .unwrap_or_else(|| {
-                let text =
-                    std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                lines[lines.len().saturating_sub(n)..].join("\n")
-            })
+        log_tail(&self.dir.join("postgres.log"), n)
     }
 
     async fn wait_ready(&self) {
-        let url = self.url("postgres");
-        let ready = wait_until(Duration::from_secs(60), || async {
-            let mut conn = PgConnection::connect(&url).await?;
-            sqlx::query("select 1").execute(&mut conn).await?;
-            conn.close().await
-        })
+        let what = format!("postgres on port {}", self.port);
+        ready_or_panic(
+            &what,
+            Duration::from_secs(60),
+            || sql_ping_at::<PostgresService>(self.port),
+            || format!("--- log ---\n{}", self.log_tail(40)),
+        )
         .await;
-        if let Err(e) = ready {
-            panic!(
-                "postgres did not become ready on port {}: {e}\n--- log ---\n{}",
-                self.port,
-                self.log_tail(40)
-            );
-        }
     }
 }
 
@@ -145,10 +135,7 @@ impl PostgresPair {
     /// the synchronous modes, until the primary counts it as synchronous).
     pub async fn start(replication: Replication) -> Self {
         let (uid, gid) = postgres_user();
-        let dir = tempfile::Builder::new()
-            .prefix("harness-pg-pair-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = temp_dir("pg-pair");
         let node = |i: usize| {
             let d = dir.path().join(format!("node{i}"));
             std::fs::create_dir_all(&d).expect("node dir");
@@ -216,16 +203,7 @@ impl PostgresPair {
     /// Create a database on the primary (it replicates like any write) and
     /// return its multi-host [`PostgresPair::url`].
     pub async fn create_database(&self) -> String {
-        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-        let admin = self.primary_url("postgres");
-        let mut conn = PgConnection::connect(&admin)
-            .await
-            .unwrap_or_else(|e| panic!("connect to {admin}: {e}"));
-        sqlx::query(&format!("create database {name}"))
-            .execute(&mut conn)
-            .await
-            .expect("create database");
-        let _ = conn.close().await;
+        let name = create_database_named::<PgConnection>(&self.primary_url("postgres")).await;
         self.url(&name)
     }
 
@@ -310,50 +288,27 @@ impl PostgresPair {
         let standby = self.standby.expect("a standby to promote");
         self.link = None;
         let started = tokio::time::Instant::now();
-        let (uid, gid) = postgres_user();
         let data = self.nodes[standby].data();
-        let out = tokio::process::Command::new(find_binary("pg_ctl", PG_BIN))
-            .arg("promote")
-            .arg("-D")
-            .arg(&data)
-            .args(["-w", "-t", "60"])
-            .uid(uid)
-            .gid(gid)
-            .current_dir(&self.nodes[standby].dir)
-            .output()
-            .await
-            .expect("run pg_ctl promote");
-        assert!(
-            out.status.success(),
-            "pg_ctl promote failed: {}\n{}\n--- log ---\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            self.nodes[standby].log_tail(30)
-        );
-        let url = self.nodes[standby].url("postgres");
-        let promoted = wait_until(Duration::from_secs(60), || async {
-            let mut conn = PgConnection::connect(&url)
-                .await
-                .map_err(|e| e.to_string())?;
-            let (in_recovery,): (bool,) = sqlx::query_as("select pg_is_in_recovery()")
-                .fetch_one(&mut conn)
-                .await
-                .map_err(|e| e.to_string())?;
-            let _ = conn.close().await;
-            if in_recovery {
-                Err("still in recovery".to_string())
-            } else {
-                Ok(())
-            }
+        let mut args = vec!["promote".into(), "-D".into(), data.as_os_str().to_owned()];
+        args.extend(["-w", "-t", "60"].map(Into::into));
+        run_tool("pg_ctl", &args, &data, || {
+            format!("--- log ---\n{}", self.nodes[standby].log_tail(30))
         })
         .await;
-        if let Err(e) = promoted {
-            panic!(
-                "standby on port {} not promoted: {e}\n--- log ---\n{}",
-                self.nodes[standby].port,
-                self.nodes[standby].log_tail(30)
-            );
-        }
+        let url = self.nodes[standby].url("postgres");
+        let what = format!("promoting the standby on port {}", self.nodes[standby].port);
+        ready_or_panic(
+            &what,
+            Duration::from_secs(60),
+            || async {
+                match fetch_one(&url, "select pg_is_in_recovery()").await? {
+                    (true,) => Err(anyhow!("still in recovery")),
+                    (false,) => Ok(()),
+                }
+            },
+            || format!("--- log ---\n{}", self.nodes[standby].log_tail(30)),
+        )
+        .await;
         self.primary = standby;
         self.standby = None;
         started.elapsed()
@@ -388,27 +343,19 @@ impl PostgresPair {
 
     async fn wait_streaming(&self) {
         let url = self.primary_url("postgres");
-        let streaming = wait_until(Duration::from_secs(60), || async {
-            let mut conn = PgConnection::connect(&url)
-                .await
-                .map_err(|e| e.to_string())?;
-            let (n,): (i64,) = sqlx::query_as(
-                "select count(*) from pg_stat_replication where state = 'streaming'",
-            )
-            .fetch_one(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-            let _ = conn.close().await;
-            if n >= 1 {
-                Ok(())
-            } else {
-                Err("no standby streaming yet".to_string())
-            }
-        })
+        let streaming = "select count(*) from pg_stat_replication where state = 'streaming'";
+        ready_or_panic(
+            "the standby's replication",
+            Duration::from_secs(60),
+            || async {
+                match fetch_one::<(i64,)>(&url, streaming).await? {
+                    (0,) => Err(anyhow!("no standby streaming yet")),
+                    _ => Ok(()),
+                }
+            },
+            || self.logs(30),
+        )
         .await;
-        if let Err(e) = streaming {
-            panic!("{e}\n{}", self.logs(30));
-        }
     }
 
     /// `ALTER SYSTEM` on the primary (after the base backup, so a standby's
@@ -430,26 +377,21 @@ impl PostgresPair {
                 .unwrap_or_else(|e| panic!("{stmt}: {e}"));
         }
         let _ = conn.close().await;
-        let sync = wait_until(Duration::from_secs(30), || async {
-            let mut conn = PgConnection::connect(&url)
-                .await
-                .map_err(|e| e.to_string())?;
-            let states: Vec<(String,)> =
-                sqlx::query_as("select sync_state from pg_stat_replication")
-                    .fetch_all(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            let _ = conn.close().await;
-            if states.iter().any(|(s,)| s == "sync") {
-                Ok(())
-            } else {
-                Err(format!("sync states {states:?}"))
-            }
-        })
+        let states = "select coalesce(string_agg(sync_state, ','), '') from pg_stat_replication";
+        ready_or_panic(
+            "the synchronous standby",
+            Duration::from_secs(30),
+            || async {
+                let (states,): (String,) = fetch_one(&url, states).await?;
+                if states.split(',').any(|s| s == "sync") {
+                    Ok(())
+                } else {
+                    Err(anyhow!("sync states [{states}]"))
+                }
+            },
+            || self.logs(30),
+        )
         .await;
-        if let Err(e) = sync {
-            panic!("standby never became synchronous: {e}\n{}", self.logs(30));
-        }
     }
 
     /// The last `n` lines of both servers' logs.
@@ -475,31 +417,27 @@ impl PostgresPair {
 }
 
 async fn base_backup(data: &Path, port: u16) {
-    let (uid, gid) = postgres_user();
-    let out = tokio::process::Command::new(find_binary("pg_basebackup", PG_BIN))
-        .arg("-D")
-        .arg(data)
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
-        // -R: write standby.signal and primary_conninfo (pointing at the link).
-        .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"])
-        .uid(uid)
-        .gid(gid)
-        .current_dir(data.parent().expect("data has a parent"))
-        .output()
-        .await
-        .expect("run pg_basebackup");
-    assert!(
-        out.status.success(),
-        "pg_basebackup failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut args = vec!["-D".into(), data.as_os_str().to_owned()];
+    let port = port.to_string();
+    args.extend(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"].map(Into::into));
+    // -R: write standby.signal and primary_conninfo (pointing at the link).
+    args.extend(["-R", "-X", "stream", "-c", "fast", "--no-sync"].map(Into::into));
+    run_tool("pg_basebackup", &args, data, String::new).await;
+}
+
+/// Connect to `url`, fetch the one row of `query`, disconnect.
+async fn fetch_one<T>(url: &str, query: &str) -> Result<T, sqlx::Error>
+where
+    T: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+{
+    let mut conn = PgConnection::connect(url).await?;
+    let row = sqlx::query_as(query).fetch_one(&mut conn).await?;
+    let _ = conn.close().await;
+    Ok(row)
 }
 
 async fn lsn(url: &str, query: &str) -> Result<u64, sqlx::Error> {
-    let mut conn = PgConnection::connect(url).await?;
-    let (text,): (Option<String>,) = sqlx::query_as(query).fetch_one(&mut conn).await?;
-    let _ = conn.close().await;
+    let (text,): (Option<String>,) = fetch_one(url, query).await?;
     text.as_deref()
         .and_then(parse_lsn)
         .ok_or_else(|| sqlx::Error::Protocol(format!("no LSN from {query}: {text:?}")))

@@ -14,24 +14,19 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use tempfile::TempDir;
 
-use crate::process::{find_binary, free_port, wait_until, Recipe, ServiceProcess};
+use crate::process::{find_binary, free_port, temp_dir, wait_until, Recipe, ServiceProcess};
+use crate::service::{logs, ready_or_panic, Member};
 
 /// The master name the sentinels monitor (the worker's default too).
 pub const MASTER_NAME: &str = "mymaster";
 /// How long a master may not answer before a sentinel thinks it down.
 pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
 
-/// One data node (master or replica) or sentinel.
-struct Node {
-    process: ServiceProcess,
-    port: u16,
-}
-
 /// Two data nodes (index 0 starts as master, 1 as its replica) and three
 /// sentinels. Everything is killed on drop.
 pub struct SentinelGroup {
-    nodes: Vec<Node>,
-    sentinels: Vec<Node>,
+    nodes: Vec<Member>,
+    sentinels: Vec<Member>,
     _dir: TempDir,
 }
 
@@ -40,10 +35,7 @@ impl SentinelGroup {
     /// replica is in sync and every sentinel knows the replica and the two
     /// other sentinels (a failover needs their votes).
     pub async fn start() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("harness-sentinel-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = temp_dir("sentinel");
         let redis_server = find_binary("redis-server", &["/usr/bin", "/usr/local/bin"]);
         let master_port = free_port();
         let mut nodes = vec![];
@@ -59,16 +51,14 @@ impl SentinelGroup {
             }
             let cfg = node_dir.join("redis.conf");
             std::fs::write(&cfg, conf).expect("write redis.conf");
-            let recipe = Recipe {
-                program: redis_server.clone(),
-                args: vec![cfg.display().to_string()],
-                env: vec![],
-                user: None,
-                log: node_dir.join("redis.log"),
-            };
+            let recipe = Recipe::new(
+                redis_server.clone(),
+                vec![cfg.display().to_string()],
+                node_dir.join("redis.log"),
+            );
             let process = ServiceProcess::spawn(format!("redis-node{i}"), recipe)
                 .expect("spawn redis-server");
-            nodes.push(Node { process, port });
+            nodes.push(Member { process, port });
         }
         let mut sentinels = vec![];
         for i in 0..3 {
@@ -92,7 +82,7 @@ impl SentinelGroup {
                 ),
             )
             .expect("write sentinel.conf");
-            sentinels.push(Node {
+            sentinels.push(Member {
                 process: ServiceProcess::spawn(format!("redis-sentinel{i}"), sentinel_recipe(&cfg))
                     .expect("spawn redis-sentinel"),
                 port,
@@ -172,9 +162,14 @@ impl SentinelGroup {
     pub async fn start_again(&mut self, i: usize) {
         self.nodes[i].process.start().expect("restart redis node");
         let port = self.nodes[i].port;
-        if let Err(e) = wait_until(Duration::from_secs(15), || role(port)).await {
-            panic!("redis node {i} did not come back: {e}\n{}", self.logs(20));
-        }
+        let what = format!("redis node {i} (port {port}), started again");
+        ready_or_panic(
+            &what,
+            Duration::from_secs(15),
+            || role(port),
+            || self.logs(20),
+        )
+        .await;
     }
 
     /// Which data node the sentinels name as master: the answer of a majority
@@ -270,24 +265,19 @@ impl SentinelGroup {
         })
         .await;
         if let Err(e) = ready.and(self.wait_in_sync(0, 1, timeout).await) {
-            panic!("sentinel group not ready: {e}\n{}", self.logs(30));
+            panic!(
+                "sentinel group: not ready after {timeout:?}: {e}\n{}",
+                self.logs(30)
+            );
         }
     }
 
     /// The last `n` lines of every log, for panic messages.
     pub fn logs(&self, n: usize) -> String {
-        self.nodes
-            .iter()
-            .chain(&self.sentinels)
-            .map(|node| {
-                format!(
-                    "--- {} log ---\n{}",
-                    node.process.name(),
-                    node.process.log_tail(n)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        logs(
+            self.nodes.iter().chain(&self.sentinels).map(|m| &m.process),
+            n,
+        )
     }
 }
 
@@ -304,21 +294,14 @@ fn sentinel_recipe(cfg: &Path) -> Recipe {
         .into_iter()
         .map(Path::new)
         .find(|p| p.is_file());
+    let cfg = cfg.display().to_string();
     match dedicated {
-        Some(bin) => Recipe {
-            program: bin.to_path_buf(),
-            args: vec![cfg.display().to_string()],
-            env: vec![],
-            user: None,
+        Some(bin) => Recipe::new(bin.to_path_buf(), vec![cfg], log),
+        None => Recipe::new(
+            find_binary("redis-server", &["/usr/bin", "/usr/local/bin"]),
+            vec![cfg, "--sentinel".into()],
             log,
-        },
-        None => Recipe {
-            program: find_binary("redis-server", &["/usr/bin", "/usr/local/bin"]),
-            args: vec![cfg.display().to_string(), "--sentinel".into()],
-            env: vec![],
-            user: None,
-            log,
-        },
+        ),
     }
 }
 

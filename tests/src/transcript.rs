@@ -1,6 +1,6 @@
 //! The README's checked transcripts: one checker for every place that runs
-//! them (`tests/tests/tutorial.rs` against `scripts/stack`,
-//! `tests/tests/compose_smoke.rs` against the containers of compose.yaml).
+//! them (`tests/tests/it/tutorial.rs` against `scripts/stack`,
+//! `tests/tests/it/compose_smoke.rs` against the containers of compose.yaml).
 //!
 //! # The convention (also stated in the README)
 //! Every fenced block marked ```` ```console ```` in README.md is a checked
@@ -147,7 +147,7 @@ pub fn classify(command: &str) -> Result<Run, String> {
         || inner.starts_with("echo ")
         || inner.starts_with("docker compose exec -T ")
         || inner.starts_with("docker compose restart ")
-        // Issue 14's steps: kill a server, freeze one, start it again
+        // The failover steps: kill a server, freeze one, start it again
         // (scripts/stack has each), and ask each ZooKeeper server its mode.
         || inner.starts_with("docker compose kill ")
         || inner.starts_with("docker compose pause ")

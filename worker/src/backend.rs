@@ -25,6 +25,16 @@ impl BackendError {
     pub fn is_transient(&self) -> bool {
         matches!(self, BackendError::Lock(e) if e.is_transient())
     }
+
+    /// The exit code of a command that failed with this: 2 for what the
+    /// user must fix in the configuration, 1 for a lock service that refused
+    /// or could not be reached.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            BackendError::Config(_) | BackendError::Lock(LockError::InvalidConfig(_)) => 2,
+            BackendError::Lock(_) => 1,
+        }
+    }
 }
 
 /// Connect to the configured lock service, fair or not as `--fair` says

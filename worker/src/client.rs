@@ -159,35 +159,55 @@ pub enum GatewayError {
     Protocol { detail: String },
 }
 
+/// What a caller does about a [`GatewayError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Remedy {
+    /// Send the same request again later.
+    Retry,
+    /// Nothing: the token (or its issuer) is not the current holder's.
+    LockMovedOn,
+    /// Fix the configuration (key, client id, lock service).
+    Reconfigure,
+    /// It depends on the request.
+    Decide,
+}
+
 impl GatewayError {
+    /// Every variant sorted once, without a catch-all, so that a new one
+    /// must be sorted too.
+    fn remedy(&self) -> Remedy {
+        match self {
+            GatewayError::Unavailable { .. } | GatewayError::IssuerUnavailable { .. } => {
+                Remedy::Retry
+            }
+            GatewayError::StaleToken { .. }
+            | GatewayError::IssuerMismatch { .. }
+            | GatewayError::TokenNotCurrent { .. } => Remedy::LockMovedOn,
+            GatewayError::Unauthorized { .. }
+            | GatewayError::Forbidden { .. }
+            | GatewayError::UnknownIssuer { .. } => Remedy::Reconfigure,
+            GatewayError::VersionMismatch { .. }
+            | GatewayError::OutcomeUnknown { .. }
+            | GatewayError::Http { .. }
+            | GatewayError::Protocol { .. } => Remedy::Decide,
+        }
+    }
+
     /// Whether the same request can succeed later.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            GatewayError::Unavailable { .. } | GatewayError::IssuerUnavailable { .. }
-        )
+        self.remedy() == Remedy::Retry
     }
 
     /// Refused by the fence or by the issuer check: the token (or its issuer)
     /// is not the current holder's.
     pub fn is_fence_rejection(&self) -> bool {
-        matches!(
-            self,
-            GatewayError::StaleToken { .. }
-                | GatewayError::IssuerMismatch { .. }
-                | GatewayError::TokenNotCurrent { .. }
-        )
+        self.remedy() == Remedy::LockMovedOn
     }
 
     /// The request can never succeed with this configuration (key, client id,
     /// lock service): retrying is pointless.
     pub fn is_config_error(&self) -> bool {
-        matches!(
-            self,
-            GatewayError::Unauthorized { .. }
-                | GatewayError::Forbidden { .. }
-                | GatewayError::UnknownIssuer { .. }
-        )
+        self.remedy() == Remedy::Reconfigure
     }
 
     /// HTTP status and error code, for events.

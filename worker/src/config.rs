@@ -260,9 +260,20 @@ impl Config {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Config {
+    fn try_parse(args: &[&str]) -> Result<Config, clap::Error> {
         Config::try_parse_from(std::iter::once("worker").chain(args.iter().copied()))
-            .expect("parse")
+    }
+
+    fn parse(args: &[&str]) -> Config {
+        try_parse(args).expect("parse")
+    }
+
+    /// A Redis worker's lock settings.
+    const REDIS: [&str; 4] = ["--backend", "redis", "--redis-url", "redis://r"];
+
+    /// A Redis worker writing through `http://g`, with `more` flags.
+    fn redis_via_g(more: &[&str]) -> Result<Config, clap::Error> {
+        try_parse(&[&REDIS[..], &["--gateway", "http://g"], more].concat())
     }
 
     #[test]
@@ -302,13 +313,12 @@ mod tests {
 
     #[test]
     fn bad_page_ids_and_gateway_urls_are_refused() {
-        let base = ["--backend", "redis", "--redis-url", "redis://r"];
-        let bad_page = parse(&[&base[..], &["--gateway", "http://g", "--page", "a/b"]].concat());
+        let bad_page = redis_via_g(&["--page", "a/b"]).unwrap();
         assert!(matches!(
             bad_page.validate(),
             Err(ConfigError::Invalid { what: "--page", .. })
         ));
-        let bad_url = parse(&[&base[..], &["--gateway", "g:8080"]].concat());
+        let bad_url = parse(&[&REDIS[..], &["--gateway", "g:8080"]].concat());
         assert!(matches!(
             bad_url.validate(),
             Err(ConfigError::Invalid {
@@ -320,25 +330,17 @@ mod tests {
 
     #[test]
     fn https_gateways_are_refused_because_the_worker_has_no_tls() {
-        let base = ["--backend", "redis", "--redis-url", "redis://r"];
-        let https = parse(&[&base[..], &["--gateway", "https://g:8443"]].concat());
+        let https = parse(&[&REDIS[..], &["--gateway", "https://g:8443"]].concat());
         let err = https.validate().unwrap_err();
         assert_eq!(err, ConfigError::HttpsUnsupported("https://g:8443".into()));
         assert!(err.to_string().contains("plain HTTP only"), "{err}");
-        let http = parse(&[&base[..], &["--gateway", "http://g:8080"]].concat());
+        let http = parse(&[&REDIS[..], &["--gateway", "http://g:8080"]].concat());
         assert_eq!(http.validate(), Ok(()));
     }
 
     #[test]
     fn defaults_match_the_agreed_interface() {
-        let c = parse(&[
-            "--backend",
-            "redis",
-            "--redis-url",
-            "redis://r",
-            "--gateway",
-            "http://g",
-        ]);
+        let c = redis_via_g(&[]).unwrap();
         assert_eq!(c.page, "demo");
         assert_eq!(c.ttl, Duration::from_secs(2));
         assert_eq!(c.wait, Duration::from_secs(30));
@@ -353,19 +355,8 @@ mod tests {
 
     #[test]
     fn fair_takes_true_or_false() {
-        let base = [
-            "--backend",
-            "redis",
-            "--redis-url",
-            "redis://r",
-            "--gateway",
-            "http://g",
-        ];
-        assert!(!parse(&[&base[..], &["--fair", "false"]].concat()).fair);
-        assert!(parse(&[&base[..], &["--fair", "true"]].concat()).fair);
-        let bad = Config::try_parse_from(
-            std::iter::once("worker").chain([&base[..], &["--fair", "maybe"]].concat()),
-        );
-        assert!(bad.is_err());
+        assert!(!redis_via_g(&["--fair", "false"]).unwrap().fair);
+        assert!(redis_via_g(&["--fair", "true"]).unwrap().fair);
+        assert!(redis_via_g(&["--fair", "maybe"]).is_err());
     }
 }

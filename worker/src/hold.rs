@@ -36,7 +36,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use serde::Serialize;
 
 use crate::backend::{self, BackendError};
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use fencelock::{Lease, LockError, Token};
 
 /// Where `worker lock` without `--gateway` points the (unused) gateway setting.
@@ -164,8 +164,8 @@ pub struct Ended {
 /// Why `worker lock` or `worker unlock` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HoldError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
+    /// A configuration that cannot work (`BackendError::Config`), or a
+    /// lock service that cannot be reached.
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error("could not take {lock}: {source}")]
@@ -185,9 +185,8 @@ impl HoldError {
     /// 2 for what the user must fix, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
-            HoldError::Config(_) | HoldError::Usage(_) => 2,
-            HoldError::Backend(BackendError::Config(_)) => 2,
-            HoldError::Backend(BackendError::Lock(LockError::InvalidConfig(_))) => 2,
+            HoldError::Usage(_) => 2,
+            HoldError::Backend(e) => e.exit_code(),
             HoldError::Acquire {
                 source: LockError::InvalidConfig(_),
                 ..
@@ -246,7 +245,7 @@ pub async fn lock<F>(cmd: LockCommand, shutdown: F) -> Result<(), HoldError>
 where
     F: std::future::Future<Output = ()>,
 {
-    cmd.config.validate()?;
+    cmd.config.validate().map_err(BackendError::Config)?;
     if cmd.hold.detach && !cmd.hold.background {
         return detach(&cmd).await;
     }

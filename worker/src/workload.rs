@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{self, BackendError};
 use crate::client::{GatewayClient, GatewayError, OfferedToken};
-use crate::config::{Config, ConfigError, StopAt};
+use crate::config::{Config, StopAt};
 use crate::events::{Event, EventSink, Stage, Summary};
 use fencelock::{Lease, LockError, LockService, Token};
 
@@ -49,8 +49,8 @@ const STOP_GRACE: Duration = Duration::from_millis(500);
 /// Why the worker could not run at all.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
+    /// A configuration that cannot work, or a lock service that cannot be
+    /// reached (a wrong setting is `BackendError::Config`).
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error(
@@ -120,13 +120,8 @@ impl RunError {
     /// 2 for what the user must fix in the configuration, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
         match self {
-            RunError::Config(_)
-            | RunError::Unfenced { .. }
-            | RunError::Gateway(_)
-            | RunError::Refused { .. } => 2,
-            RunError::Backend(BackendError::Lock(LockError::InvalidConfig(_))) => 2,
-            RunError::Backend(BackendError::Lock(_)) => 1,
-            RunError::Backend(_) => 2,
+            RunError::Unfenced { .. } | RunError::Gateway(_) | RunError::Refused { .. } => 2,
+            RunError::Backend(e) => e.exit_code(),
         }
     }
 }
@@ -138,7 +133,7 @@ pub async fn run<F>(config: Config, shutdown: F) -> Result<Summary, RunError>
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    config.validate()?;
+    config.validate().map_err(BackendError::Config)?;
     let client_id = config.client_id();
     let events = EventSink::stdout(config.events, &client_id, &config.page);
 

@@ -1,5 +1,5 @@
 //! The OpenAPI description served, and what schemathesis found
-//! (tests/tests/openapi_fuzz.rs), each fixed in the gateway and pinned here
+//! (tests/tests/it/openapi_fuzz.rs), each fixed in the gateway and pinned here
 //! on a real PostgreSQL.
 
 use crate::common::{gateway, gateway_with, keyed, ADMIN};

@@ -1,5 +1,5 @@
 //! The dashboard's routes and its event stream, against a real PostgreSQL.
-//! (What a browser makes of them: tests/tests/dashboard.rs.)
+//! (What a browser makes of them: tests/tests/it/dashboard.rs.)
 
 use std::time::Duration;
 

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder};
-use harness::process::Recipe;
+use harness::process::{temp_dir, Recipe};
 use harness::stack::Stack;
 use harness::ServiceProcess;
 use serde_json::{json, Value};
@@ -56,20 +56,15 @@ struct Driver {
 
 impl Driver {
     fn start(chromedriver: PathBuf) -> Driver {
-        let dir = tempfile::Builder::new()
-            .prefix("chromedriver-")
-            .tempdir()
-            .unwrap();
+        let dir = temp_dir("chromedriver");
         let port = harness::free_port();
         let process = ServiceProcess::spawn(
             "chromedriver",
-            Recipe {
-                program: chromedriver,
-                args: vec![format!("--port={port}")],
-                env: vec![],
-                user: None,
-                log: dir.path().join("chromedriver.log"),
-            },
+            Recipe::new(
+                chromedriver,
+                vec![format!("--port={port}")],
+                dir.path().join("chromedriver.log"),
+            ),
         )
         .expect("spawn chromedriver");
         Driver {
@@ -170,46 +165,6 @@ impl Scene {
         std::fs::write(&path, png).expect("write screenshot");
         path
     }
-
-    /// The README's straggler (`straggler` or `straggler-unfenced`): start it,
-    /// wait until it froze itself just before its PUT and another worker has
-    /// written with a higher token (the lock moved on), wake it, and wait for
-    /// it to finish. Returns its fenced GET and its PUT from the history.
-    #[track_caller]
-    fn straggle(&self, name: &str) -> (Value, Value) {
-        let stack = &self.stack;
-        stack.run(&["start", name]);
-        stack.wait_state(name, "paused", Duration::from_secs(60));
-        let mine = |e: &Value| e["client_id"] == name;
-        let get = stack
-            .history("demo")
-            .into_iter()
-            .find(|e| mine(e) && e["method"] == "GET")
-            .expect("the straggler's fenced GET is in the history");
-        let token = get["token"].as_i64().expect("its token");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !stack.history("demo").iter().any(|e| {
-            !mine(e)
-                && e["method"] == "PUT"
-                && e["outcome"] == "accepted"
-                && e["token"].as_i64().is_some_and(|t| t > token)
-        }) {
-            assert!(
-                Instant::now() < deadline,
-                "no other worker took the lock and wrote while {name} was frozen\n{}",
-                stack.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        stack.run(&["unpause", name]);
-        stack.wait_state(name, "exited", Duration::from_secs(30));
-        let put = stack
-            .history("demo")
-            .into_iter()
-            .find(|e| mine(e) && e["method"] == "PUT")
-            .unwrap_or_else(|| panic!("{name} sent no PUT\n{}", stack.logs()));
-        (get, put)
-    }
 }
 
 /// What the page shows for one attempt (by its seq): its row in the list of
@@ -289,7 +244,8 @@ fn the_stragglers_refused_write_and_lost_update_appear_on_the_dashboard_as_they_
     );
 
     // README step 7: the gateway refuses the straggler's late PUT.
-    let (get, put) = scene.straggle("straggler");
+    let straggle = scene.stack.straggle("straggler");
+    let (get, put) = (straggle.get, straggle.put);
     // Refused by the issuer check (the lock moved on) or by the fence.
     let refused = put["outcome"].as_str().unwrap_or_default().to_string();
     assert!(
@@ -313,7 +269,8 @@ fn the_stragglers_refused_write_and_lost_update_appear_on_the_dashboard_as_they_
 
     // README step 8: without the fence the late PUT lands, and an
     // acknowledged edit is lost.
-    let (get, put) = scene.straggle("straggler-unfenced");
+    let straggle = scene.stack.straggle("straggler-unfenced");
+    let (get, put) = (straggle.get, straggle.put);
     assert_eq!(put["outcome"], "stale", "the scenario: {put}");
     let seen = scene.wait_dom(
         "the unfenced straggler's stale PUT",

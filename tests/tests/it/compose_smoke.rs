@@ -8,7 +8,7 @@
 //! 1. `docker-compose up --build -d` on the unmodified compose.yaml (timed),
 //!    then every service running and healthy (timed);
 //! 2. every ```` ```console ```` transcript, with the checker of
-//!    tests/tests/tutorial.rs (`harness::transcript`), `docker compose` being
+//!    [`crate::tutorial`] (`harness::transcript`), `docker compose` being
 //!    Debian's docker-compose v1 behind a `docker` shim (tests/compose-smoke/bin);
 //! 3. the ```` ```sh ```` blocks of step 7 (pause worker-1 past its TTL) and of
 //!    steps 7 and 8 (the straggler, fenced and unfenced), run as written, then
@@ -23,10 +23,12 @@
 //! involves.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use harness::process::log_tail as tail;
+use harness::stack::{accepted, repo};
 use harness::transcript::{self, Block, Run, Step};
 use serde_json::Value;
 
@@ -35,20 +37,6 @@ fn state_dir() -> PathBuf {
     std::env::var_os("COMPOSE_SMOKE_STATE")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo().join("target/compose-smoke"))
-}
-
-/// The last `n` lines of a file.
-fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ is in the repository")
-        .to_path_buf()
 }
 
 /// The README commands of the sh blocks this run executes, each a command
@@ -279,7 +267,7 @@ impl Smoke {
 fn highest_accepted(history: &[Value], client: Option<&str>) -> i64 {
     history
         .iter()
-        .filter(|e| e["method"] == "PUT" && e["outcome"] == "accepted")
+        .filter(|e| accepted(e))
         .filter(|e| client.is_none_or(|c| e["client_id"] == c))
         .filter_map(|e| e["token"].as_i64())
         .max()
@@ -576,7 +564,7 @@ fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
 }
 
 /// The image compose built ships stripped binaries: no symbol table, no
-/// debug info (issue 16), checked with readelf on copies taken out of it.
+/// debug info, checked with readelf on copies taken out of it.
 fn check_binaries_are_stripped(smoke: &Smoke) {
     let step = "the image's binaries are stripped";
     let dir = state_dir().join("binaries");

@@ -1,4 +1,4 @@
-//! Issue 13: on `BACKEND=redis scripts/stack up`, worker-1 used to make every
+//! On `BACKEND=redis scripts/stack up`, worker-1 used to make every
 //! edit of the demo page while workers 2 and 3 waited: the polled Redis lock
 //! let the worker that had just released take it again at once. With the
 //! fair lock (the workers' default), every worker has edits in the page

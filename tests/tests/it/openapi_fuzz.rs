@@ -26,7 +26,7 @@
 //! run's configuration, output, JUnit and HAR reports. The summary (per
 //! operation, the statuses and error codes seen) is written to stderr even
 //! when the test passes. More examples, another seed:
-//! `OPENAPI_FUZZ_EXAMPLES=1000 OPENAPI_FUZZ_SEED=7 cargo test -p harness --test openapi_fuzz`.
+//! `OPENAPI_FUZZ_EXAMPLES=1000 OPENAPI_FUZZ_SEED=7 cargo test -p harness --test it openapi_fuzz`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -268,7 +268,7 @@ impl Run {
     /// schemes, and what the checks may expect of this gateway.
     fn config(&self) -> String {
         let mut config = format!(
-            r#"# Written by tests/tests/openapi_fuzz.rs for the run "{name}".
+            r#"# Written by tests/tests/it/openapi_fuzz.rs for the run "{name}".
 [auth.openapi.writer_key]
 bearer = "{WRITER_KEY}"
 [auth.openapi.admin_key]

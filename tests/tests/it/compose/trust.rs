@@ -1,0 +1,142 @@
+//! Trust: both gateways require keys from demo/api-keys, every worker sends
+//! its own client's key, the fenced gateway checks tokens with all five lock
+//! services (the same ones the workers use) and the unfenced one with none,
+//! and the gateways are published on 127.0.0.1 only.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use harness::stack::repo;
+
+use super::{compose, defaults, published, running, secret_file, services};
+
+/// The issuers the fenced gateway must trust: every backend with a token.
+const ISSUERS: [&str; 5] = [
+    "redis",
+    "zookeeper",
+    "redis-sentinel",
+    "lease-postgres",
+    "lease-mysql",
+];
+
+/// `client=key` lines of a key file (comments and blank lines skipped),
+/// checked as the gateway's contract wants them: well formed, keys of at
+/// least 16 bytes, no client twice.
+fn key_file(path: &Path) -> BTreeMap<String, String> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut keys = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (client, key) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("{}:{}: not client=key", path.display(), i + 1));
+        assert!(
+            key.len() >= 16 && key.bytes().all(|b| b.is_ascii_graphic()),
+            "{}:{}: the key of {client} is shorter than 16 bytes or not visible ASCII",
+            path.display(),
+            i + 1
+        );
+        assert!(
+            keys.insert(client.to_owned(), key.to_owned()).is_none(),
+            "{}:{}: {client} named twice",
+            path.display(),
+            i + 1
+        );
+    }
+    keys
+}
+
+#[test]
+fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_readme_says() {
+    let compose = compose();
+    let services = services(&compose);
+    let writers = key_file(&repo().join("demo/api-keys"));
+    let admins = key_file(&repo().join("demo/admin-keys"));
+    for client in ["alice", "bob"] {
+        assert!(
+            writers.contains_key(client),
+            "the tutorial writes as {client}"
+        );
+    }
+    assert!(admins.contains_key("admin"), "demo/admin-keys has no admin");
+    assert!(
+        admins.values().all(|k| !writers.values().any(|w| w == k)),
+        "an admin key is also a writer key"
+    );
+
+    for (name, service) in &services {
+        for port in published(service) {
+            assert!(
+                port.starts_with("127.0.0.1:"),
+                "{name} publishes {port} on every interface, not on 127.0.0.1 only"
+            );
+        }
+    }
+    let mut workers = 0;
+    for (name, service) in running(&services, "worker") {
+        let env = defaults(service);
+        let client = &env["WORKER_CLIENT_ID"];
+        assert_eq!(
+            env.get("WORKER_API_KEY"),
+            writers.get(client),
+            "{name}: WORKER_API_KEY is not the key demo/api-keys has for {client}"
+        );
+        workers += 1;
+    }
+    assert!(workers >= 5, "only {workers} workers checked");
+
+    for (name, fenced) in [("gateway", true), ("gateway-unfenced", false)] {
+        let service = &services[name];
+        let env = defaults(service);
+        assert_eq!(
+            env.get("GATEWAY_AUTH").map(String::as_str),
+            Some("required")
+        );
+        let keys = secret_file(&compose, service, &env["GATEWAY_API_KEYS_FILE"]);
+        assert_eq!(key_file(&keys), writers, "{name} reads another key file");
+        if !fenced {
+            assert!(
+                !env.contains_key("GATEWAY_ISSUERS"),
+                "{name}: fencing off checks no token, so it has no issuers to ask"
+            );
+            continue;
+        }
+        let admin = secret_file(&compose, service, &env["GATEWAY_ADMIN_KEYS_FILE"]);
+        assert_eq!(key_file(&admin), admins);
+        // Each issuer is the very service the workers take their locks from.
+        let worker = defaults(&services["worker-1"]);
+        let issuers: BTreeMap<&str, &str> = env["GATEWAY_ISSUERS"]
+            .split_whitespace()
+            .map(|e| e.split_once('=').expect("name=url"))
+            .collect();
+        assert_eq!(
+            issuers.keys().copied().collect::<BTreeSet<_>>(),
+            BTreeSet::from(ISSUERS),
+            "the fenced gateway trusts every backend with a token, and only those"
+        );
+        assert_eq!(issuers["redis"], worker["REDIS_URL"]);
+        assert_eq!(
+            issuers["zookeeper"],
+            format!("zookeeper://{}", worker["ZOOKEEPER_CONNECT"])
+        );
+        // The whole ensemble, and the sentinels with the master's name.
+        assert_eq!(
+            worker["ZOOKEEPER_CONNECT"].split(',').count(),
+            3,
+            "the workers connect to all three ZooKeeper servers"
+        );
+        assert_eq!(
+            issuers["redis-sentinel"],
+            format!(
+                "redis-sentinel://{}/{}",
+                worker["REDIS_SENTINELS"], worker["REDIS_SENTINEL_MASTER"]
+            )
+        );
+        assert_eq!(issuers["lease-postgres"], worker["DATABASE_URL"]);
+        assert_eq!(issuers["lease-mysql"], worker["MYSQL_URL"]);
+    }
+}
