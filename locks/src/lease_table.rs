@@ -219,7 +219,7 @@ use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 #[cfg(feature = "lease-postgres")]
 use sqlx::Row;
 #[cfg(feature = "lease-postgres")]
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 #[cfg(feature = "lease-postgres")]
@@ -2291,19 +2291,38 @@ struct Listen {
     /// processes' listeners do not receive them.
     key: String,
     wakers: Arc<Wakers>,
-    /// The listening task runs (a mirror of `state.running`, read without
-    /// waiting).
+    /// The listening task runs (a mirror of `Phase::Running`, read without
+    /// the lock).
     running: Arc<AtomicBool>,
-    state: tokio::sync::Mutex<ListenState>,
+    /// Never held across an `await`: a waiter's future that stops being
+    /// polled must not hold up the other waiters (see [`Listen::register`]).
+    state: Mutex<ListenState>,
 }
 
 #[cfg(feature = "lease-postgres")]
 #[derive(Default)]
 struct ListenState {
-    running: bool,
-    failed_at: Option<Instant>,
-    /// Dropping it stops the listening task.
+    phase: Phase,
+    /// Dropping it stops the listening task (or its start).
     _stop: Option<oneshot::Sender<()>>,
+}
+
+#[cfg(feature = "lease-postgres")]
+enum Phase {
+    /// Not listening; when the last start failed, if it did.
+    Idle {
+        failed_at: Option<Instant>,
+    },
+    /// A start is under way; its outcome (true: listening) comes here.
+    Starting(watch::Receiver<Option<bool>>),
+    Running,
+}
+
+#[cfg(feature = "lease-postgres")]
+impl Default for Phase {
+    fn default() -> Self {
+        Phase::Idle { failed_at: None }
+    }
 }
 
 #[cfg(feature = "lease-postgres")]
@@ -2315,7 +2334,7 @@ impl Listen {
             key,
             wakers: Arc::new(Wakers::default()),
             running: Arc::new(AtomicBool::new(false)),
-            state: tokio::sync::Mutex::new(ListenState::default()),
+            state: Mutex::new(ListenState::default()),
         }
     }
 
@@ -2343,6 +2362,12 @@ impl Listen {
     /// Register a waiter for lock `name`; the table's channel is `LISTEN`ed
     /// to (confirmed by the server) before this returns. `None` when that
     /// failed: the waiter polls.
+    ///
+    /// The connection is started by a task of its own, which every waiter
+    /// that comes meanwhile waits for: when the start ran in the first
+    /// waiter's future under a lock, a future that stopped being polled
+    /// there (dropped neither, as a task stuck elsewhere) kept every later
+    /// waiter of the service from registering, past its own `wait`.
     async fn register(
         self: &Arc<Self>,
         pool: &PgPool,
@@ -2352,43 +2377,75 @@ impl Listen {
         handed: Option<Arc<AtomicI64>>,
     ) -> Option<Registration> {
         let registration = self.wakers.register_behind(name, waiter, behind, handed);
-        let mut state = self.state.lock().await;
-        if state.running {
-            return Some(registration);
-        }
-        if state
-            .failed_at
-            .is_some_and(|at| at.elapsed() < LISTEN_RETRY)
-        {
-            return None;
-        }
-        let started = tokio::time::timeout(CONNECT_TIMEOUT, async {
-            let mut listener = PgListener::connect_with(pool).await?;
-            listener
-                .listen_all([self.channel.as_str(), &own_channel(&self.key)])
-                .await?;
-            Ok::<_, sqlx::Error>(listener)
-        })
-        .await;
-        let mut listener = match started {
-            Ok(Ok(l)) => l,
-            failed => {
-                tracing::debug!(
-                    issuer = ISSUER_POSTGRES,
-                    "LISTEN unavailable, polling: {failed:?}"
-                );
-                state.failed_at = Some(Instant::now());
-                return None;
+        let mut outcome = {
+            let mut state = self.state.lock().expect("listen state");
+            match &state.phase {
+                Phase::Running => return Some(registration),
+                Phase::Idle {
+                    failed_at: Some(at),
+                } if at.elapsed() < LISTEN_RETRY => return None,
+                Phase::Starting(outcome) => outcome.clone(),
+                Phase::Idle { .. } => self.start(pool, &mut state),
             }
         };
+        let listening = outcome
+            .wait_for(Option::is_some)
+            .await
+            .is_ok_and(|started| *started == Some(true));
+        listening.then_some(registration)
+    }
+
+    /// Start the listening task; the receiver says whether it listens.
+    fn start(
+        self: &Arc<Self>,
+        pool: &PgPool,
+        state: &mut ListenState,
+    ) -> watch::Receiver<Option<bool>> {
+        let (outcome_tx, outcome) = watch::channel(None);
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
-        state.running = true;
-        self.running.store(true, Ordering::SeqCst);
-        state.failed_at = None;
+        state.phase = Phase::Starting(outcome.clone());
         state._stop = Some(stop_tx);
         let me: Weak<Listen> = Arc::downgrade(self);
         let wakers = self.wakers.clone();
+        let pool = pool.clone();
+        let channels = [self.channel.clone(), own_channel(&self.key)];
         tokio::spawn(async move {
+            let connect = tokio::time::timeout(CONNECT_TIMEOUT, async {
+                let mut listener = PgListener::connect_with(&pool).await?;
+                listener
+                    .listen_all(channels.iter().map(String::as_str))
+                    .await?;
+                Ok::<_, sqlx::Error>(listener)
+            });
+            let started = tokio::select! {
+                started = connect => started,
+                _ = &mut stop_rx => return,
+            };
+            let Some(listen) = me.upgrade() else { return };
+            let mut listener = {
+                let mut state = listen.state.lock().expect("listen state");
+                match started {
+                    Ok(Ok(l)) => {
+                        state.phase = Phase::Running;
+                        listen.running.store(true, Ordering::SeqCst);
+                        l
+                    }
+                    failed => {
+                        tracing::debug!(
+                            issuer = ISSUER_POSTGRES,
+                            "LISTEN unavailable, polling: {failed:?}"
+                        );
+                        state.phase = Phase::Idle {
+                            failed_at: Some(Instant::now()),
+                        };
+                        state._stop = None;
+                        outcome_tx.send_replace(Some(false));
+                        return;
+                    }
+                }
+            };
+            drop(listen);
+            outcome_tx.send_replace(Some(true));
             let mut idle = tokio::time::interval(LISTEN_IDLE);
             idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut quiet_ticks = 0;
@@ -2401,7 +2458,7 @@ impl Listen {
                         // of the tick closed the listener about once a
                         // second on a hot lock, whose waiters come and go
                         // every millisecond: each time a tick fell while
-                        // this process held the lock (issue 13).
+                        // this process held the lock.
                         let registrations = wakers.registrations();
                         let quiet = wakers.is_empty() && registrations == seen;
                         seen = registrations;
@@ -2410,10 +2467,10 @@ impl Listen {
                             continue;
                         }
                         let Some(me) = me.upgrade() else { return };
-                        let mut state = me.state.lock().await;
+                        let mut state = me.state.lock().expect("listen state");
                         me.running.store(false, Ordering::SeqCst);
                         if wakers.is_empty() {
-                            state.running = false;
+                            state.phase = Phase::default();
                             state._stop = None;
                             tracing::debug!(issuer = ISSUER_POSTGRES, "no waiter: UNLISTEN");
                             return;
@@ -2448,14 +2505,14 @@ impl Listen {
                 }
             }
             if let Some(me) = me.upgrade() {
-                let mut state = me.state.lock().await;
-                state.running = false;
+                let mut state = me.state.lock().expect("listen state");
+                state.phase = Phase::default();
                 me.running.store(false, Ordering::SeqCst);
                 state._stop = None;
             }
             wakers.notify_all();
         });
-        Some(registration)
+        outcome
     }
 }
 
