@@ -169,8 +169,11 @@
 //!   process's waiters (Redis pub/sub, PostgreSQL `NOTIFY`).
 //! - `token.rs`: [`Token`]. `error.rs`: [`LockError`]. `backend.rs`: [`Backend`],
 //!   the backends by name, feature or not.
-//! - `redis.rs`, `redlock.rs`, `lease_table.rs`: one backend each;
-//!   `redis_sentinel.rs`: the Redis backend on the master Sentinel names.
+//! - `redis.rs`, `redlock.rs`: one backend each; `redis_sentinel.rs`: the
+//!   Redis backend on the master Sentinel names.
+//! - `lease_table/`: the SQL lease tables; `mod.rs` the service and what
+//!   both databases share, `postgres/` and `mysql/` each database's
+//!   statements (`sql/`) and way of waiting (see its module docs).
 //! - `zookeeper/`: `mod.rs` the lock type, `recipe.rs` the queue of
 //!   sequential nodes, `rwlock.rs` the read-write lock on the same queue,
 //!   `session.rs` the session, cleanup and retry machinery, `path.rs` node

@@ -635,7 +635,7 @@ async fn postgres_a_release_hands_the_lock_to_the_first_live_place() {
     let Db::Postgres(pool, _) = &db else {
         unreachable!()
     };
-    let sql = fencelock::lease_table::Statements::for_table("fencelock_leases");
+    let sql = fencelock::lease_table::postgres::Statements::for_table("fencelock_leases");
     let mut listener = sqlx::postgres::PgListener::connect_with(pool)
         .await
         .unwrap();
@@ -643,7 +643,7 @@ async fn postgres_a_release_hands_the_lock_to_the_first_live_place() {
     // `$1` name, `$2` holder, `$3` TTL, `$4` lock-delay, `$5` client id,
     // `$6` how long a place lasts.
     let first_try = |holder: &'static str, client: &'static str, ttl: f64| {
-        sqlx::query_as::<_, (Option<i64>, Option<f64>, Option<bool>)>(&sql.pg_acquire_fair_first)
+        sqlx::query_as::<_, (Option<i64>, Option<f64>, Option<bool>)>(&sql.acquire_fair_first)
             .bind("page")
             .bind(holder)
             .bind(ttl)
@@ -659,7 +659,7 @@ async fn postgres_a_release_hands_the_lock_to_the_first_live_place() {
     assert_eq!(db.queued("page").await, 1);
 
     let release = |holder: &'static str, token: i64| {
-        sqlx::query(&sql.pg_release)
+        sqlx::query(&sql.release)
             .bind("page")
             .bind(holder)
             .bind(token)
@@ -693,7 +693,7 @@ async fn postgres_a_release_hands_the_lock_to_the_first_live_place() {
 
     // The waiter's next try (as after a lost notification).
     let (token, wait, _, handed): (Option<i64>, Option<f64>, Option<bool>, Option<bool>) =
-        sqlx::query_as(&sql.pg_acquire_fair)
+        sqlx::query_as(&sql.acquire_fair)
             .bind("page")
             .bind("w1")
             .bind(12.0_f64)
@@ -732,7 +732,7 @@ async fn postgres_a_hand_over_is_notified_on_the_waiters_own_channel() {
     let Db::Postgres(pool, _) = &db else {
         unreachable!()
     };
-    let sql = fencelock::lease_table::Statements::for_table("fencelock_leases");
+    let sql = fencelock::lease_table::postgres::Statements::for_table("fencelock_leases");
     let mut table = sqlx::postgres::PgListener::connect_with(pool)
         .await
         .unwrap();
@@ -742,7 +742,7 @@ async fn postgres_a_hand_over_is_notified_on_the_waiters_own_channel() {
         .unwrap();
     own.listen("fencelock_0123456789abcdef").await.unwrap();
     let first_try = |holder: &'static str| {
-        sqlx::query_as::<_, (Option<i64>, Option<f64>, Option<bool>)>(&sql.pg_acquire_fair_first)
+        sqlx::query_as::<_, (Option<i64>, Option<f64>, Option<bool>)>(&sql.acquire_fair_first)
             .bind("page")
             .bind(holder)
             .bind(30.0_f64)
@@ -754,7 +754,7 @@ async fn postgres_a_hand_over_is_notified_on_the_waiters_own_channel() {
     let held = first_try("h1").await.unwrap().0.expect("granted");
     let waiter = "0123456789abcdef.0123456789abcdef0123456789abcdef";
     assert_eq!(first_try(waiter).await.unwrap().0, None, "queued");
-    let released = sqlx::query(&sql.pg_release)
+    let released = sqlx::query(&sql.release)
         .bind("page")
         .bind("h1")
         .bind(held)
@@ -1490,9 +1490,9 @@ async fn postgres_the_light_fair_grant_passes_no_live_place() {
     let ttl = Duration::from_secs(30);
     let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
     // A waiter elsewhere is refused and takes a place for 60 s.
-    let sql = fencelock::lease_table::Statements::for_table("fencelock_leases");
+    let sql = fencelock::lease_table::postgres::Statements::for_table("fencelock_leases");
     let (token, _, _): (Option<i64>, Option<f64>, Option<bool>) =
-        sqlx::query_as(&sql.pg_acquire_fair_first)
+        sqlx::query_as(&sql.acquire_fair_first)
             .bind("page")
             .bind("elsewhere")
             .bind(30.0_f64)
@@ -1535,7 +1535,7 @@ async fn postgres_tables_from_before_queued_until_and_the_hand_over_get_the_colu
 ) {
     let url = harness::fresh_database().await;
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    for ddl in fencelock::lease_table::Statements::postgres_ddl_statements("fencelock_leases") {
+    for ddl in fencelock::lease_table::postgres::Statements::ddl_statements("fencelock_leases") {
         sqlx::query(&ddl).execute(&pool).await.unwrap();
     }
     for drop in [
@@ -1611,8 +1611,8 @@ async fn mysql_the_light_fair_grant_passes_no_live_place() {
 
     // A waiter elsewhere takes a place, with the library's own statement.
     let mut elsewhere = pool.acquire().await.unwrap();
-    let sql = fencelock::lease_table::Statements::for_table("fencelock_leases");
-    sqlx::query(&sql.mysql_join)
+    let sql = fencelock::lease_table::mysql::Statements::for_table("fencelock_leases");
+    sqlx::query(&sql.join)
         .bind("page")
         .bind("0123456789abcdef0123456789abcdef")
         .bind("0123456789abcdef0123456789abcdef")
