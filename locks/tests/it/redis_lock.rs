@@ -1,14 +1,12 @@
 //! The Redis backend against a real redis-server.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::contract;
 use fencelock::redis::{channel, deadlines_key, fence_key, lock_key, queue_key, RedisLock};
 use fencelock::{AcquireOptions, HolderLookup, LockError, LockService};
 use harness::{Persistence, Redis};
-use support::contract;
 use tokio::time::Instant;
 
 async fn service(redis: &Redis) -> RedisLock {

@@ -2,8 +2,6 @@
 //! the tests (each uses its own lock names), and a three-node ensemble for the
 //! failover test.
 
-mod support;
-
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -371,13 +369,13 @@ async fn expect_line<R: tokio::io::AsyncBufRead + Unpin>(
 async fn paused_holder_loses_its_session_and_the_next_waiter_gets_a_higher_token() {
     let cs = zk_server().await;
     let name = "paused-holder";
+    // The test's path in this binary: `zookeeper_lock::child_holder_process`.
+    let (_, module) = module_path!()
+        .split_once("::")
+        .expect("a module of the binary");
+    let child_test = format!("{module}::child_holder_process");
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_holder_process",
-            "--ignored",
-            "--nocapture",
-        ])
+        .args(["--exact", &child_test, "--ignored", "--nocapture"])
         .env(CHILD_CONNECT, &cs)
         .env(CHILD_LOCK, name)
         .stdout(Stdio::piped())
@@ -617,7 +615,7 @@ async fn holder_lookup_from_another_session_names_the_client_and_token() {
     let svc = connect(&cs).await.with_client_id("alice").unwrap();
     // The storage's own session, as the gateway has one.
     let lookup = connect(&cs).await;
-    support::contract::holder_lookup_names_the_client_and_token(
+    crate::support::contract::holder_lookup_names_the_client_and_token(
         &svc,
         &lookup,
         "alice",
@@ -630,7 +628,7 @@ async fn holder_lookup_from_another_session_names_the_client_and_token() {
 #[tokio::test]
 async fn dropped_lease_is_released_in_the_background() {
     let cs = zk_server().await;
-    support::contract::dropped_lease_is_released_in_the_background(
+    crate::support::contract::dropped_lease_is_released_in_the_background(
         &connect(&cs).await,
         "dropped-lease",
     )

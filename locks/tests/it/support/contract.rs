@@ -1,8 +1,6 @@
 //! The claims every fenced lock backend must meet, as test bodies shared by
-//! `redis_lock.rs` and `lease_table.rs`. Each takes a connected service and a
+//! the backends' modules. Each takes a connected service and a
 //! lock name nobody else uses.
-
-#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,14 +1,12 @@
 //! The lease-table backend against real PostgreSQL and MariaDB servers.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::contract;
 use fencelock::lease_table::LeaseTable;
 use fencelock::{AcquireOptions, LockError, LockService, WaitStats};
 use harness::Postgres;
-use support::contract;
 use tokio::time::Instant;
 
 async fn postgres() -> LeaseTable {
