@@ -425,6 +425,22 @@ impl std::fmt::Debug for LeaseTable {
 }
 
 impl LeaseTable {
+    /// Connect to PostgreSQL at `url` and create the tables `fencelock_leases`
+    /// and `fencelock_leases_waiters` if they are missing. Fails fast: a
+    /// malformed URL is `InvalidConfig`, an unreachable server `Unavailable`
+    /// within a few seconds. Fair; see [`LeaseTable::non_fair`].
+    #[cfg(feature = "lease-postgres")]
+    pub async fn postgres(url: &str) -> Result<LeaseTable, LockError> {
+        Self::postgres_with(url, LeaseTableOptions::default()).await
+    }
+
+    /// Connect to MySQL/MariaDB at `url` and create the tables if they are
+    /// missing. Same errors as [`LeaseTable::postgres`].
+    #[cfg(feature = "lease-mysql")]
+    pub async fn mysql(url: &str) -> Result<LeaseTable, LockError> {
+        Self::mysql_with(url, LeaseTableOptions::default()).await
+    }
+
     fn new(database: Database) -> LeaseTable {
         LeaseTable {
             database,
@@ -685,6 +701,40 @@ impl LockService for LeaseTable {
         }
         .boxed()
     }
+}
+
+/// A holder lookup (`sql`: either dialect's `holder` statement, binding
+/// the lock's name) on `pool`: the client id and token of the lease of
+/// `name`, if one holds.
+async fn fetch_holder<DB, T>(
+    table: &LeaseTable,
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    name: &str,
+) -> Attempt<Option<Holder>>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    HolderRow<T>: for<'r> sqlx::FromRow<'r, DB::Row> + Send + Unpin,
+    T: TryInto<i64>,
+{
+    let row: Option<HolderRow<T>> = sqlx::query_as(sql)
+        .bind(name)
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| table.err(e))?;
+    // MariaDB's token column is unsigned: a token past i64 is capped.
+    row.map(|h| table.holder(h.client_id, h.token.try_into().unwrap_or(i64::MAX)))
+        .transpose()
+}
+
+/// A holder lookup's answer (`T`: the token column's type).
+#[derive(sqlx::FromRow)]
+struct HolderRow<T> {
+    client_id: String,
+    token: T,
 }
 
 /// Run `statement` again when it failed in a way that another try can fix:

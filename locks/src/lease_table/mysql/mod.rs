@@ -41,7 +41,7 @@ use sqlx::query::Query;
 use tokio::time::Instant;
 
 use super::{
-    with_reconnect, Acquired, Attempt, Database, Dialect, Granted, Held, LeaseTable,
+    fetch_holder, with_reconnect, Acquired, Attempt, Database, Dialect, Granted, Held, LeaseTable,
     LeaseTableOptions, Request, ISSUER_MYSQL, KNOWN_ROWS,
 };
 use crate::{wait_for_grant, Holder, LockError, Try};
@@ -53,12 +53,6 @@ use bell::{on_conn, Bell, BellWaiter, MyWait};
 pub use statements::Statements;
 
 impl LeaseTable {
-    /// Connect to MySQL/MariaDB at `url` and create the tables if they are
-    /// missing. Same errors as [`LeaseTable::postgres`].
-    pub async fn mysql(url: &str) -> Result<LeaseTable, LockError> {
-        Self::mysql_with(url, LeaseTableOptions::default()).await
-    }
-
     /// [`LeaseTable::mysql`] with options (table name, creation, pool size).
     pub async fn mysql_with(
         url: &str,
@@ -290,22 +284,8 @@ impl Dialect for MyDialect {
     }
 
     async fn holder(&self, table: &LeaseTable, name: &str) -> Attempt<Option<Holder>> {
-        let row: Option<HolderRow> = sqlx::query_as(&self.sql.holder)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| table.err(e))?;
-        let token = |h: &HolderRow| h.token.min(i64::MAX as u64) as i64;
-        row.map(|h| table.holder(h.client_id.clone(), token(&h)))
-            .transpose()
+        fetch_holder::<_, u64>(table, &self.pool, &self.sql.holder, name).await
     }
-}
-
-/// [`Statements::holder`]'s answer.
-#[derive(sqlx::FromRow)]
-struct HolderRow {
-    client_id: String,
-    token: u64,
 }
 
 /// One acquire on MySQL/MariaDB: what its tries (and its waits) share.

@@ -53,7 +53,7 @@ use sqlx::query::Query;
 use tokio::time::Instant;
 
 use super::{
-    with_reconnect, Acquired, Attempt, Database, Dialect, Granted, Held, LeaseTable,
+    fetch_holder, with_reconnect, Acquired, Attempt, Database, Dialect, Granted, Held, LeaseTable,
     LeaseTableOptions, Request, ISSUER_POSTGRES,
 };
 use crate::wake::SubscribedWaiter;
@@ -66,14 +66,6 @@ use listen::{Listen, RegisteredWaiter};
 pub use statements::Statements;
 
 impl LeaseTable {
-    /// Connect to PostgreSQL at `url` and create the tables `fencelock_leases`
-    /// and `fencelock_leases_waiters` if they are missing. Fails fast: a
-    /// malformed URL is `InvalidConfig`, an unreachable server `Unavailable`
-    /// within a few seconds. Fair; see [`LeaseTable::non_fair`].
-    pub async fn postgres(url: &str) -> Result<LeaseTable, LockError> {
-        Self::postgres_with(url, LeaseTableOptions::default()).await
-    }
-
     /// [`LeaseTable::postgres`] with options (table name, creation, pool size).
     pub async fn postgres_with(
         url: &str,
@@ -258,20 +250,8 @@ impl Dialect for PgDialect {
     }
 
     async fn holder(&self, table: &LeaseTable, name: &str) -> Attempt<Option<Holder>> {
-        let row: Option<HolderRow> = sqlx::query_as(&self.sql.holder)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| table.err(e))?;
-        row.map(|h| table.holder(h.client_id, h.token)).transpose()
+        fetch_holder::<_, i64>(table, &self.pool, &self.sql.holder, name).await
     }
-}
-
-/// [`Statements::holder`]'s answer.
-#[derive(sqlx::FromRow)]
-struct HolderRow {
-    client_id: String,
-    token: i64,
 }
 
 /// [`Statements::leave`]'s answer: whether the waiter found its place.
