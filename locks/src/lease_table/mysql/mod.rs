@@ -9,9 +9,9 @@
 //! `RELEASE_LOCK`s it. A refused waiter blocks in `GET_LOCK` on the bell (and
 //! releases it in the same statement), bounded by the holder's `expires_at`
 //! as the database says it and by the fallback poll: the release wakes it at
-//! once, with no polling while the lock is held. A fair waiter blocks on the
-//! bell of the waiter before it instead (each holds its own while it waits),
-//! so that a release wakes the first in line alone.
+//! once, with no polling while the lock is held. A fair waiter behind
+//! another blocks on that waiter's own bell instead (each waiter holds one
+//! while it waits), so that a release wakes the first in line alone.
 //!
 //! A fair acquire whose previous acquire of the same lock (in this service)
 //! was handed the lock that way takes its place before any try: on a lock
