@@ -124,8 +124,10 @@
 //!
 //! # Layout
 //! - `mod.rs`: [`LeaseTable`] and its options, what both databases share
-//!   (the lease, its renewal and release, the retries), and the `Dialect`
-//!   each of them implements.
+//!   (an acquire's request, the lease, the holder lookup, the retries), and
+//!   the `Dialect` each of them implements.
+//! - `grant.rs`: a lease's grant, renewed and released the same way on both
+//!   databases but for the statements (`Held`).
 //! - `queue.rs`: a fair waiter's place, and the memory of contended locks
 //!   that picks the light statements.
 //! - `sql.rs`: the placeholders of the SQL files.
@@ -144,10 +146,11 @@ use futures::FutureExt;
 use tokio::time::Instant;
 
 use crate::{
-    default_client_id, validate_client_id, validity_for, AcquireOptions, Fencing, Grant, Holder,
+    default_client_id, validate_client_id, validity_for, AcquireOptions, Fencing, Holder,
     HolderLookup, Lease, LockError, LockService, NewLease, Token, WaitCounters, WaitStats,
 };
 
+mod grant;
 #[cfg(feature = "lease-mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lease-mysql")))]
 pub mod mysql;
@@ -157,6 +160,7 @@ pub mod postgres;
 mod queue;
 mod sql;
 
+use grant::{Granted, Held, LeaseGrant};
 use queue::{Contended, QueuePlace};
 
 pub const ISSUER_POSTGRES: &str = "lease-postgres";
@@ -573,84 +577,6 @@ impl LeaseTable {
                 "leaving the queue failed (the place lapses): {e}"
             );
         }
-    }
-}
-
-/// What a grant of either database knows: the service, the lock, the
-/// grant's holder id and token.
-struct Granted {
-    table: LeaseTable,
-    name: String,
-    holder: String,
-    token: Token,
-}
-
-/// What each database does with a lease's row.
-trait Held: Send + Sync + 'static {
-    /// One renewal statement: true when our row matched.
-    fn renew(
-        &self,
-        granted: &Granted,
-        ttl: Duration,
-    ) -> impl std::future::Future<Output = Attempt<bool>> + Send;
-
-    /// Expire our row now (keeping it and its token) and wake the next
-    /// waiter: true when our row matched.
-    fn release(
-        &self,
-        granted: &Granted,
-    ) -> impl std::future::Future<Output = Result<bool, LockError>> + Send;
-}
-
-/// A lease's grant, on either database.
-struct LeaseGrant<H> {
-    granted: Granted,
-    held: H,
-}
-
-impl<H> LeaseGrant<H> {
-    fn not_held(&self, when: &str) -> LockError {
-        LockError::NotHeld {
-            name: self.granted.name.clone(),
-            reason: format!(
-                "{when}: lease row no longer ours (lapsed, or token {} superseded)",
-                self.granted.token
-            ),
-        }
-    }
-}
-
-impl<H: Held> Grant for LeaseGrant<H> {
-    fn renew(&self, ttl: Duration) -> BoxFuture<'_, Result<Duration, LockError>> {
-        async move {
-            // A reply later than the TTL is useless; give the watchdog control back.
-            let limit = ttl.max(Duration::from_millis(100));
-            let renewed = with_reconnect(|| self.held.renew(&self.granted, ttl));
-            match tokio::time::timeout(limit, renewed).await {
-                Err(_) => Err(LockError::unavailable(
-                    self.granted.table.issuer_name(),
-                    format!("renewal got no reply within {limit:?}"),
-                )),
-                Ok(Ok(true)) => Ok(validity_for(ttl)),
-                Ok(Ok(false)) => Err(self.not_held("renew")),
-                Ok(Err(e)) => Err(e),
-            }
-        }
-        .boxed()
-    }
-
-    /// When the row is no longer ours, nothing is touched and the answer is
-    /// `NotHeld`: the caller learns its critical section outlived its
-    /// lease. A late release does not cancel a lock-delay.
-    fn release(&self) -> BoxFuture<'_, Result<(), LockError>> {
-        async move {
-            if self.held.release(&self.granted).await? {
-                Ok(())
-            } else {
-                Err(self.not_held("release"))
-            }
-        }
-        .boxed()
     }
 }
 
