@@ -8,10 +8,10 @@
 //!   client; the pair's rate is `1 / (1/grant + 1/release)`, its latency the
 //!   sum of the two;
 //! - the limit for PostgreSQL: `pgbench -M prepared` running the same lease
-//!   SQL (`Statements::pg_acquire_fair_light` then `pg_release_light`: an
+//!   SQL (`postgres::Statements::acquire_fair_light` then `release_light`: an
 //!   uncontended acquire and release) against the same database;
 //! - the limit for MariaDB: `mariadb-slap` running the same SQL
-//!   (`mysql_acquire_fair_light` then `mysql_release`: an uncontended fair
+//!   (`mysql::Statements::acquire_fair_light` then `release`: an uncontended fair
 //!   acquire and release; it reports no latencies);
 //! - the peer: the Python `redis` package's `Lock` (its defaults: 0.1 s sleep
 //!   between tries when waiting), installed into a venv under `target/`.

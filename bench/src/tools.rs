@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use fencelock::lease_table::{Statements, DEFAULT_TABLE};
+use fencelock::lease_table::{mysql, postgres, DEFAULT_TABLE};
 use fencelock::redis::{GRANT_SCRIPT, RELEASE_SCRIPT};
 use tokio::process::Command;
 use tokio::time::Instant;
@@ -112,16 +112,16 @@ pub(crate) fn parse_redis_benchmark(out: &str) -> anyhow::Result<(f64, Duration,
 /// release SQL with `:token`: the statements of an uncontended acquire and
 /// release of the fair lock (the light ones, see `fencelock::lease_table`).
 pub(crate) fn pgbench_script() -> String {
-    let sql = Statements::for_table(DEFAULT_TABLE);
+    let sql = postgres::Statements::for_table(DEFAULT_TABLE);
     let grant = sql
-        .pg_acquire_fair_light
+        .acquire_fair_light
         .replace("$1", "'pgbench'")
         .replace("$2", "'pgbench-holder'")
         .replace("$3", "10.0")
         .replace("$4", "0.0")
         .replace("$5", "'pgbench-client'");
     let release = sql
-        .pg_release_light
+        .release_light
         .replace("$1", "'pgbench'")
         .replace("$2", "'pgbench-holder'")
         .replace("$3", ":token");
@@ -186,18 +186,18 @@ pub(crate) fn pgbench_latencies(dir: &Path) -> anyhow::Result<Vec<Duration>> {
 /// row `limit`; the release reads the token with `last_insert_id()` on the
 /// same connection.
 pub(crate) fn mariadb_slap_query() -> String {
-    let sql = Statements::for_table(DEFAULT_TABLE);
+    let sql = mysql::Statements::for_table(DEFAULT_TABLE);
     // Binds as `LeaseTable` sends them: holder (twice: both branches of the
     // `if` that takes the bell), client, TTL in µs, name, lock-delay in µs.
     let grant = sql
-        .mysql_acquire_fair_light
+        .acquire_fair_light
         .replacen('?', "'slap-holder'", 2)
         .replacen('?', "'slap-client'", 1)
         .replacen('?', "10000000", 1)
         .replacen('?', "'limit'", 1)
         .replacen('?', "0", 1);
     let release = sql
-        .mysql_release
+        .release
         .replacen('?', "'limit'", 1)
         .replacen('?', "'slap-holder'", 1)
         .replacen('?', "last_insert_id()", 1);

@@ -174,7 +174,10 @@
 //!   not, the fallback poll), written once.
 //! - `redis/`: the Redis backend (`mod.rs` maps its files), and in
 //!   `redis/sentinel.rs` the same lock on the master Sentinel names
-//!   ([`redis_sentinel`]); `redlock.rs`, `lease_table.rs`: one backend each.
+//!   ([`redis_sentinel`]); `redlock.rs`: one backend.
+//! - `lease_table/`: the SQL lease tables; `mod.rs` the service and what
+//!   both databases share, `postgres/` and `mysql/` each database's
+//!   statements (`sql/`) and way of waiting (see its module docs).
 //! - `zookeeper/`: `mod.rs` the lock type, `recipe.rs` the queue of
 //!   sequential nodes, `rwlock.rs` the read-write lock on the same queue,
 //!   `session.rs` the session, cleanup and retry machinery, `path.rs` node

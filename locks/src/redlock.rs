@@ -46,7 +46,7 @@
 //! - more basically (Kleppmann, "How to do distributed locking", 2016), the
 //!   algorithm's safety rests on timing (bounded pauses, bounded network delay,
 //!   clocks that advance at the same rate). The demonstrations in
-//!   `locks/tests/redlock.rs` show two clients both holding a valid grant after
+//!   `locks/tests/it/redlock.rs` show two clients both holding a valid grant after
 //!   a node restart without persistence and after a clock jump on one node.
 //!   A token derived from such a grant would look safe and would not be.
 //!
@@ -54,7 +54,7 @@
 //! off accepts its writes. Use it for efficiency (avoid doing work twice), not
 //! for correctness.
 //!
-//! # Where it breaks, reproducibly (`locks/tests/redlock.rs`)
+//! # Where it breaks, reproducibly (`locks/tests/it/redlock.rs`)
 //! - `two_holders_after_node_restart_without_persistence`: client 1 holds A, B,
 //!   C of five (D, E unreachable); C crashes and restarts empty; client 2 gets
 //!   C, D, E while client 1's lease is still valid.

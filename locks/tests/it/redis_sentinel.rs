@@ -5,8 +5,11 @@ use std::time::Duration;
 
 use fencelock::redis::lock_key;
 use fencelock::redis_sentinel::{RedisSentinelLock, ISSUER};
-use fencelock::{AcquireOptions, Holder, HolderLookup, LockError, LockService};
+use fencelock::{AcquireOptions, HolderLookup, Lease, LockError, LockService};
 use harness::SentinelGroup;
+
+use crate::support::holder_of;
+use crate::support::redis::{connections_received, query, raw};
 
 const FAILOVER: Duration = Duration::from_secs(30);
 
@@ -20,6 +23,18 @@ async fn client(group: &SentinelGroup, id: &str) -> RedisSentinelLock {
 
 fn held(ttl: Duration) -> AcquireOptions {
     AcquireOptions::new(ttl).auto_renew(false)
+}
+
+/// Client `id`, connected now, takes lock `name` for 30 s (no watchdog),
+/// waiting up to 10 s.
+async fn granted_to(group: &SentinelGroup, id: &str, name: &str) -> (RedisSentinelLock, Lease) {
+    let svc = client(group, id).await;
+    let options = held(Duration::from_secs(30)).wait(Duration::from_secs(10));
+    let lease = svc
+        .acquire_with(name, options)
+        .await
+        .unwrap_or_else(|e| panic!("{name} granted to {id}: {e:?}"));
+    (svc, lease)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -45,40 +60,22 @@ async fn a_failover_that_loses_a_grant_hands_the_lock_and_its_token_to_a_second_
         .await
         .unwrap();
     assert_eq!(lost.token().unwrap().get(), 2);
-    assert_eq!(
-        storage.current_holder("x").await.unwrap(),
-        Some(Holder {
-            client_id: "a".into(),
-            token: lost.token().unwrap()
-        })
-    );
+    assert_eq!(storage.current_holder("x").await.unwrap(), holder_of(&lost));
     group.freeze(0);
     group.thaw(1);
     group.wait_master(1, FAILOVER).await.unwrap();
 
     // b connects after the failover: the sentinels name the promoted replica,
     // where the lock is free and the counter still says 1.
-    let b = client(&group, "b").await;
-    let second = b
-        .acquire_with(
-            "x",
-            held(Duration::from_secs(30)).wait(Duration::from_secs(10)),
-        )
-        .await
-        .expect("the promoted replica grants the lock a still holds");
+    // (The promoted replica grants the lock a still holds.)
+    let (b, second) = granted_to(&group, "b", "x").await;
     assert_eq!(
         second.token(),
         lost.token(),
         "the promoted replica re-mints the token of the grant it never saw"
     );
     assert!(!lost.is_lost(), "a still trusts its lease: two holders");
-    assert_eq!(
-        b.current_holder("x").await.unwrap(),
-        Some(Holder {
-            client_id: "b".into(),
-            token: second.token().unwrap()
-        })
-    );
+    assert_eq!(b.current_holder("x").await.unwrap(), holder_of(&second));
     // a's own client follows the failover too: its renewal is refused there.
     let renewed = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
@@ -97,10 +94,7 @@ async fn a_failover_that_loses_a_grant_hands_the_lock_and_its_token_to_a_second_
     group.thaw(0);
     assert_eq!(
         storage.current_holder("x").await.unwrap(),
-        Some(Holder {
-            client_id: "b".into(),
-            token: second.token().unwrap()
-        }),
+        holder_of(&second),
         "the lookup read the old master"
     );
 }
@@ -135,16 +129,8 @@ async fn wait_refuses_and_releases_a_grant_that_no_replica_acknowledged() {
         other => panic!("expected Unavailable, got {other:?}"),
     }
     // Nothing is left on the master: the next client is not blocked.
-    let mut raw = redis::Client::open(group.node_url(0))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let key: Option<String> = redis::cmd("GET")
-        .arg(lock_key("y"))
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let mut on_master = raw(&group.node_url(0)).await;
+    let key: Option<String> = query(&mut on_master, redis::cmd("GET").arg(lock_key("y"))).await;
     assert_eq!(key, None);
     group.thaw(1);
     group.wait_in_sync(0, 1, FAILOVER).await.unwrap();
@@ -183,38 +169,17 @@ async fn no_sentinel_answering_is_unavailable_at_once_and_a_bad_list_is_invalid(
 async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
     let mut group = SentinelGroup::start().await;
     let storage = client(&group, "storage").await;
-    let mut admin = redis::Client::open(group.node_url(0))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let received = |info: String| -> i64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix("total_connections_received:"))
-            .expect("INFO stats names total_connections_received")
-            .trim()
-            .parse()
-            .unwrap()
-    };
+    let mut admin = raw(&group.node_url(0)).await;
     assert_eq!(storage.current_holder("page").await, Ok(None));
     group.freeze(0);
     let abandoned =
         tokio::time::timeout(Duration::from_millis(200), storage.current_holder("page")).await;
     group.thaw(0);
     assert!(abandoned.is_err(), "the frozen master answers nothing");
-    let before: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let before = connections_received(&mut admin).await;
     assert_eq!(storage.current_holder("page").await, Ok(None));
-    let after: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
     assert_eq!(
-        received(after) - received(before),
+        connections_received(&mut admin).await - before,
         1,
         "the next lookup opened a new connection to the master"
     );
@@ -232,24 +197,15 @@ async fn a_lookup_follows_the_sentinel_that_knows_the_latest_failover() {
     let group = SentinelGroup::start().await;
     let stale = SentinelGroup::start().await;
     // A failover in `group` (its epoch becomes 1), asked of one sentinel.
-    let sentinel = redis::Client::open(format!("redis://{}/", group.sentinel_addrs()[0])).unwrap();
-    let mut conn = sentinel.get_multiplexed_async_connection().await.unwrap();
-    let _: String = redis::cmd("SENTINEL")
+    let mut sentinel = raw(&format!("redis://{}/", group.sentinel_addrs()[0])).await;
+    let failover = redis::cmd("SENTINEL")
         .arg("FAILOVER")
         .arg(group.master_name())
-        .query_async(&mut conn)
-        .await
-        .expect("SENTINEL FAILOVER");
+        .clone();
+    let _: String = query(&mut sentinel, &failover).await;
     group.wait_master(1, FAILOVER).await.unwrap();
 
-    let b = client(&group, "b").await;
-    let lease = b
-        .acquire_with(
-            "x",
-            held(Duration::from_secs(30)).wait(Duration::from_secs(10)),
-        )
-        .await
-        .unwrap();
+    let (_b, lease) = granted_to(&group, "b", "x").await;
     let mut list = vec![stale.sentinel_addrs()[0].clone()];
     list.extend(group.sentinel_addrs());
     let storage = RedisSentinelLock::connect(&list, group.master_name())
@@ -257,10 +213,7 @@ async fn a_lookup_follows_the_sentinel_that_knows_the_latest_failover() {
         .unwrap();
     assert_eq!(
         storage.current_holder("x").await.unwrap(),
-        Some(Holder {
-            client_id: "b".into(),
-            token: lease.token().unwrap()
-        }),
+        holder_of(&lease),
         "the lookup followed the sentinel listed first, which missed the failover"
     );
     lease.release().await.unwrap();

@@ -1,18 +1,32 @@
 //! The Redis backend against a real redis-server.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock::redis::{channel, deadlines_key, fence_key, lock_key, queue_key, RedisLock};
 use fencelock::{AcquireOptions, HolderLookup, LockError, LockService};
 use harness::{Persistence, Redis};
-use support::contract;
-use tokio::time::Instant;
+
+use crate::support::fair::{self, Queue};
+use crate::support::redis::{connections_received, query, raw};
+use crate::support::{
+    assert_timeout, assert_unavailable, contract, granted, held, held_with, spawn_acquire,
+};
 
 async fn service(redis: &Redis) -> RedisLock {
     RedisLock::connect(&redis.url()).await.expect("connect")
+}
+
+/// A Redis server of the test's own, and a service on it.
+async fn started() -> (Redis, RedisLock) {
+    let redis = Redis::start().await;
+    let svc = service(&redis).await;
+    (redis, svc)
+}
+
+/// [`service`] whose waiters poll every `fallback` at the latest.
+async fn polling(redis: &Redis, fallback: Duration) -> RedisLock {
+    service(redis).await.with_poll_fallback(fallback)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,8 +38,7 @@ async fn mutual_exclusion_under_contention() {
 
 #[tokio::test]
 async fn tokens_strictly_increase_per_lock_name() {
-    let redis = Redis::start().await;
-    let svc = service(&redis).await;
+    let (_redis, svc) = started().await;
     assert_eq!(contract::tokens_strictly_increase(&svc, "a", 5).await, 5);
     // Another name has its own counter.
     assert_eq!(contract::tokens_strictly_increase(&svc, "b", 2).await, 2);
@@ -33,37 +46,17 @@ async fn tokens_strictly_increase_per_lock_name() {
 
 #[tokio::test]
 async fn grant_sets_owner_key_with_ttl_and_counter_without() {
-    let redis = Redis::start().await;
-    let svc = service(&redis).await;
-    let lease = svc
-        .acquire("page", Duration::from_secs(5), Duration::ZERO)
-        .await
-        .unwrap();
-    let mut raw = raw(&redis).await;
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(lock_key("page"))
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let (redis, svc) = started().await;
+    let lease = held(&svc, "page", Duration::from_secs(5)).await;
+    let mut raw = raw(&redis.url()).await;
+    let pttl: i64 = query(&mut raw, redis::cmd("PTTL").arg(lock_key("page"))).await;
     assert!((1..=5000).contains(&pttl), "lock key pttl {pttl}");
-    let fence_ttl: i64 = redis::cmd("PTTL")
-        .arg(fence_key("page"))
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let fence_ttl: i64 = query(&mut raw, redis::cmd("PTTL").arg(fence_key("page"))).await;
     assert_eq!(fence_ttl, -1, "the counter must never expire");
-    let fence: u64 = redis::cmd("GET")
-        .arg(fence_key("page"))
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let fence: u64 = query(&mut raw, redis::cmd("GET").arg(fence_key("page"))).await;
     assert_eq!(Some(fence), lease.token().map(|t| t.get()));
     lease.release().await.unwrap();
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg(lock_key("page"))
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let exists: i64 = query(&mut raw, redis::cmd("EXISTS").arg(lock_key("page"))).await;
     assert_eq!(exists, 0, "release deletes the lock key");
 }
 
@@ -73,12 +66,7 @@ async fn tokens_keep_increasing_across_restart_with_aof_always() {
     let before = contract::tokens_strictly_increase(&service(&redis).await, "page", 3).await;
     redis.restart().await;
     let svc = service(&redis).await;
-    let after = svc
-        .acquire("page", Duration::from_secs(5), Duration::ZERO)
-        .await
-        .unwrap();
-    assert!(after.token().unwrap().get() > before);
-    after.release().await.unwrap();
+    contract::the_next_token_is_higher(&svc, "page", before, Duration::ZERO).await;
 }
 
 /// The documented hazard: without persistence the counter restarts, so the
@@ -90,10 +78,7 @@ async fn tokens_go_backwards_after_restart_without_persistence() {
     assert_eq!(before, 3);
     redis.restart().await;
     let svc = service(&redis).await;
-    let after = svc
-        .acquire("page", Duration::from_secs(5), Duration::ZERO)
-        .await
-        .unwrap();
+    let after = held(&svc, "page", Duration::from_secs(5)).await;
     assert_eq!(
         after.token().map(|t| t.get()),
         Some(1),
@@ -112,29 +97,22 @@ async fn the_same_client_survives_a_restart() {
     let _ = svc
         .acquire("other", Duration::from_secs(1), Duration::ZERO)
         .await;
-    let lease = svc
-        .acquire("page", Duration::from_secs(5), Duration::from_secs(2))
-        .await
-        .expect("reconnected");
+    let reconnected = AcquireOptions::new(Duration::from_secs(5)).wait(Duration::from_secs(2));
+    let lease = held_with(&svc, "page", reconnected).await;
     lease.release().await.unwrap();
 }
 
 #[tokio::test]
 async fn late_release_by_expired_holder_is_a_no_op() {
-    let redis = Redis::start().await;
-    let svc = service(&redis).await;
+    let (_redis, svc) = started().await;
     contract::late_release_is_a_no_op(&svc, "page", Duration::from_millis(300)).await;
 }
 
 #[tokio::test]
 async fn release_by_a_stranger_does_not_free_the_lock() {
-    let redis = Redis::start().await;
-    let svc = service(&redis).await;
-    let lease = svc
-        .acquire("page", Duration::from_secs(5), Duration::ZERO)
-        .await
-        .unwrap();
-    let mut raw = raw(&redis).await;
+    let (redis, svc) = started().await;
+    let lease = held(&svc, "page", Duration::from_secs(5)).await;
+    let mut raw = raw(&redis.url()).await;
     let token = lease.token().unwrap().get();
     let deleted: i64 = redis::Script::new(fencelock::redis::RELEASE_SCRIPT)
         .key(lock_key("page"))
@@ -147,17 +125,14 @@ async fn release_by_a_stranger_does_not_free_the_lock() {
         .await
         .unwrap();
     assert_eq!(deleted, 0);
-    let contender = svc
-        .acquire("page", Duration::from_secs(5), Duration::ZERO)
-        .await;
-    assert!(matches!(contender, Err(LockError::Timeout { .. })));
+    let contender = svc.acquire("page", Duration::from_secs(5), Duration::ZERO);
+    assert_timeout(contender.await, "a contender");
     lease.release().await.unwrap();
 }
 
 #[tokio::test]
 async fn expiry_lets_next_holder_in_with_higher_token() {
-    let redis = Redis::start().await;
-    let svc = service(&redis).await;
+    let (_redis, svc) = started().await;
     contract::expiry_lets_next_holder_in_with_higher_token(
         &svc,
         "page",
@@ -168,8 +143,7 @@ async fn expiry_lets_next_holder_in_with_higher_token() {
 
 #[tokio::test]
 async fn watchdog_keeps_lease_alive_well_past_ttl() {
-    let redis = Redis::start().await;
-    let svc = service(&redis).await;
+    let (_redis, svc) = started().await;
     contract::renewal_keeps_lease_past_ttl(&svc, "page").await;
 }
 
@@ -183,16 +157,11 @@ async fn lost_signal_fires_when_redis_is_killed_during_hold() {
 
 #[tokio::test]
 async fn renewal_refused_after_key_deleted_fires_lost_signal() {
-    let redis = Redis::start().await;
-    let svc = service(&redis).await;
+    let (redis, svc) = started().await;
     let ttl = Duration::from_millis(600);
     let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
-    let mut raw = raw(&redis).await;
-    let _: i64 = redis::cmd("DEL")
-        .arg(lock_key("page"))
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let mut raw = raw(&redis.url()).await;
+    let _: i64 = query(&mut raw, redis::cmd("DEL").arg(lock_key("page"))).await;
     let reason = tokio::time::timeout(ttl, lease.lost_signal().lost())
         .await
         .expect("the next renewal (at ttl/3) is refused");
@@ -206,26 +175,12 @@ async fn bad_config_is_a_clear_error() {
 
     let port = harness::free_port();
     let started = tokio::time::Instant::now();
-    let err = RedisLock::connect(&format!("redis://127.0.0.1:{port}/"))
-        .await
-        .err()
-        .unwrap();
-    assert!(
-        matches!(&err, LockError::Unavailable { service, .. } if service == "redis"),
-        "{err:?}"
-    );
+    let unreachable = RedisLock::connect(&format!("redis://127.0.0.1:{port}/")).await;
+    assert_unavailable(unreachable, "redis");
     assert!(started.elapsed() < Duration::from_secs(3), "fail fast");
 
     let redis = Redis::start().await;
     contract::bad_requests_are_invalid_config(&service(&redis).await).await;
-}
-
-async fn raw(redis: &Redis) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
@@ -275,34 +230,17 @@ async fn the_first_holder_lookup_after_a_restart_is_answered_not_refused() {
 async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
     let mut redis = Redis::start().await;
     let svc = service(&redis).await;
-    let mut admin = raw(&redis).await;
-    let received = |info: String| -> i64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix("total_connections_received:"))
-            .expect("INFO stats names total_connections_received")
-            .trim()
-            .parse()
-            .unwrap()
-    };
+    let mut admin = raw(&redis.url()).await;
     assert_eq!(svc.current_holder("page").await, Ok(None));
     redis.process().pause();
     let abandoned =
         tokio::time::timeout(Duration::from_millis(200), svc.current_holder("page")).await;
     assert!(abandoned.is_err(), "the paused server answers nothing");
     redis.process().resume();
-    let before: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let before = connections_received(&mut admin).await;
     assert_eq!(svc.current_holder("page").await, Ok(None));
-    let after: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
     assert_eq!(
-        received(after) - received(before),
+        connections_received(&mut admin).await - before,
         1,
         "the next lookup opened a new connection"
     );
@@ -333,78 +271,37 @@ async fn non_fair_tokens_strictly_increase_and_the_lookup_names_the_holder() {
 
 /// The length of lock `name`'s fair queue, as Redis holds it.
 async fn queue_len(redis: &Redis, name: &str) -> i64 {
-    redis::cmd("LLEN")
-        .arg(queue_key(name))
-        .query_async(&mut raw(redis).await)
-        .await
-        .unwrap()
+    query(
+        &mut raw(&redis.url()).await,
+        redis::cmd("LLEN").arg(queue_key(name)),
+    )
+    .await
 }
 
-/// Wait (bounded) until `name`'s queue holds `n` waiters.
-async fn queued(redis: &Redis, name: &str, n: i64) {
-    harness::wait_until(Duration::from_secs(10), || async {
-        match queue_len(redis, name).await {
-            len if len == n => Ok(()),
-            len => Err(format!("{len} queued, waiting for {n}")),
-        }
-    })
-    .await
-    .unwrap();
+/// The queue as the claims of a fair lock look at it.
+impl Queue for Redis {
+    /// Wait (bounded) until `name`'s queue holds `n` waiters.
+    async fn wait_queued(&self, name: &str, n: i64) {
+        harness::wait_until(Duration::from_secs(10), || async {
+            match queue_len(self, name).await {
+                len if len == n => Ok(()),
+                len => Err(format!("{len} queued, waiting for {n}")),
+            }
+        })
+        .await
+        .unwrap();
+    }
 }
 
 /// A waiter whose fallback poll (60 s) and holder's TTL (30 s) are far
 /// beyond the test's bound: a prompt grant after the release can only come
-/// from the release's message.
+/// from the release's message. Refused, subscribed, refused again: then it
+/// waits for a message.
 async fn waiter_is_woken_by_the_release(fair: bool) {
-    let redis = Redis::start().await;
-    let holder = service(&redis).await;
-    let waiter = {
-        let s = service(&redis)
-            .await
-            .with_poll_fallback(Duration::from_secs(60));
-        if fair {
-            s
-        } else {
-            s.non_fair()
-        }
-    };
-    let lease = holder
-        .acquire("page", Duration::from_secs(30), Duration::ZERO)
-        .await
-        .unwrap();
-    assert_eq!(holder.wait_stats().tries, 1, "uncontended: one try");
-    let waiting = tokio::spawn({
-        let waiter = waiter.clone();
-        async move {
-            waiter
-                .acquire("page", Duration::from_secs(30), Duration::from_secs(50))
-                .await
-        }
-    });
-    // Refused, subscribed, refused again: now it waits for a message.
-    harness::wait_until(Duration::from_secs(10), || async {
-        match waiter.wait_stats().tries {
-            n if n >= 2 => Ok(()),
-            n => Err(n),
-        }
-    })
-    .await
-    .unwrap();
-    let released = Instant::now();
-    lease.release().await.unwrap();
-    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("granted long before the fallback poll or the holder's TTL")
-        .unwrap()
-        .unwrap();
-    let after = released.elapsed();
-    let stats = waiter.wait_stats();
-    assert_eq!(stats.notified, 1, "{stats:?}");
-    assert_eq!(stats.timed_out, 0, "{stats:?}");
-    assert_eq!(stats.tries, 3, "try, try after subscribing, try when woken");
-    assert!(granted.token() > Some(fencelock::Token::MIN));
-    eprintln!("granted {after:?} after the release");
-    granted.release().await.unwrap();
+    let (redis, holder) = started().await;
+    let waiter = polling(&redis, Duration::from_secs(60)).await;
+    let waiter = if fair { waiter } else { waiter.non_fair() };
+    fair::waiter_is_woken_by_the_release(&holder, &waiter, 2, &redis).await;
 }
 
 #[tokio::test]
@@ -419,40 +316,13 @@ async fn non_fair_waiter_is_woken_by_the_release_not_by_polling() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_waiters_are_granted_in_the_order_they_queued() {
-    let redis = Redis::start().await;
-    let holder = service(&redis).await;
-    let lease = holder
-        .acquire("page", Duration::from_secs(30), Duration::ZERO)
-        .await
-        .unwrap();
-    let order = Arc::new(std::sync::Mutex::new(vec![]));
-    let mut joins = vec![];
-    for i in 0..4 {
-        // Each waiter its own connection, as separate processes would be.
-        let svc = service(&redis).await;
-        let order = order.clone();
-        joins.push(tokio::spawn(async move {
-            let lease = svc
-                .acquire("page", Duration::from_secs(30), Duration::from_secs(30))
-                .await
-                .expect("granted in turn");
-            order
-                .lock()
-                .unwrap()
-                .push((i, lease.token().unwrap().get()));
-            lease.release().await.unwrap();
-        }));
-        queued(&redis, "page", i + 1).await;
+    let (redis, holder) = started().await;
+    // Each waiter its own connection, as separate processes would be.
+    let mut waiters = vec![];
+    for _ in 0..4 {
+        waiters.push(service(&redis).await);
     }
-    lease.release().await.unwrap();
-    for j in joins {
-        j.await.unwrap();
-    }
-    let order = order.lock().unwrap().clone();
-    let who: Vec<i64> = order.iter().map(|(i, _)| *i).collect();
-    assert_eq!(who, vec![0, 1, 2, 3], "first come, first served");
-    assert!(order.windows(2).all(|w| w[0].1 < w[1].1), "{order:?}");
-    assert_eq!(queue_len(&redis, "page").await, 0);
+    fair::fair_waiters_are_granted_in_the_order_they_queued(&holder, waiters, &redis).await;
 }
 
 /// What starved the waiters of the polled lock: the holder releases and
@@ -460,34 +330,9 @@ async fn fair_waiters_are_granted_in_the_order_they_queued() {
 #[tokio::test]
 async fn a_fair_holder_that_asks_again_at_once_queues_behind_the_waiter() {
     let redis = Redis::start().await;
-    let first = service(&redis).await;
-    let second = service(&redis).await;
-    let lease = first
-        .acquire("page", Duration::from_secs(30), Duration::ZERO)
-        .await
-        .unwrap();
-    let waiting = tokio::spawn(async move {
-        let lease = second
-            .acquire("page", Duration::from_secs(30), Duration::from_secs(30))
-            .await
-            .unwrap();
-        let token = lease.token();
-        lease.release().await.unwrap();
-        token
-    });
-    queued(&redis, "page", 1).await;
-    lease.release().await.unwrap();
-    let again = first
-        .acquire("page", Duration::from_secs(30), Duration::from_secs(30))
-        .await
-        .unwrap();
-    let waiter_token = waiting.await.unwrap();
-    assert!(
-        waiter_token < again.token(),
-        "the waiter ({waiter_token:?}) was granted before the holder's second grant ({:?})",
-        again.token()
-    );
-    again.release().await.unwrap();
+    let (first, second) = (service(&redis).await, service(&redis).await);
+    fair::a_fair_holder_that_asks_again_at_once_queues_behind_the_waiter(&first, &second, &redis)
+        .await;
 }
 
 #[tokio::test]
@@ -496,35 +341,23 @@ async fn a_dead_fair_waiter_is_skipped_once_its_place_lapses() {
     // Places last 4 × 100 ms without renewal.
     let fallback = Duration::from_millis(100);
     let holder = service(&redis).await;
-    let dead = service(&redis).await.with_poll_fallback(fallback);
-    let live = service(&redis).await.with_poll_fallback(fallback);
-    let lease = holder
-        .acquire("page", Duration::from_secs(30), Duration::ZERO)
-        .await
-        .unwrap();
+    let dead = polling(&redis, fallback).await;
+    let live = polling(&redis, fallback).await;
+    let ttl = Duration::from_secs(30);
+    let lease = held(&holder, "page", ttl).await;
     // A waiter that queued, then stopped: never polled again, never dropped,
     // as a process that froze or died (no leave, no renewal of its place).
-    let mut frozen =
-        Box::pin(dead.acquire("page", Duration::from_secs(30), Duration::from_secs(60)));
+    let mut frozen = Box::pin(dead.acquire("page", ttl, Duration::from_secs(60)));
     tokio::select! {
         r = &mut frozen => panic!("the dead waiter was granted: {r:?}"),
-        () = queued(&redis, "page", 1) => {}
+        () = redis.wait_queued("page", 1) => {}
     }
     std::mem::forget(frozen);
-    let waiting = tokio::spawn({
-        let live = live.clone();
-        async move {
-            live.acquire("page", Duration::from_secs(30), Duration::from_secs(20))
-                .await
-        }
-    });
-    queued(&redis, "page", 2).await;
+    let waiting = spawn_acquire(&live, "page", ttl, Duration::from_secs(20));
+    redis.wait_queued("page", 2).await;
     lease.release().await.unwrap();
-    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the live waiter gets the lock once the dead one's place lapsed")
-        .unwrap()
-        .expect("granted");
+    let why = "the live waiter gets the lock once the dead one's place lapsed";
+    let granted = granted(waiting, why).await;
     assert_eq!(
         queue_len(&redis, "page").await,
         0,
@@ -535,32 +368,10 @@ async fn a_dead_fair_waiter_is_skipped_once_its_place_lapses() {
 
 #[tokio::test]
 async fn a_fair_waiter_that_gives_up_leaves_the_queue() {
-    let redis = Redis::start().await;
-    let holder = service(&redis).await;
+    let (redis, holder) = started().await;
     // Its place would last 40 s: only leaving explains an empty queue.
-    let quitter = service(&redis)
-        .await
-        .with_poll_fallback(Duration::from_secs(10));
-    let lease = holder
-        .acquire("page", Duration::from_secs(30), Duration::ZERO)
-        .await
-        .unwrap();
-    let gave_up = quitter
-        .acquire("page", Duration::from_secs(30), Duration::from_millis(300))
-        .await;
-    assert!(
-        matches!(gave_up, Err(LockError::Timeout { .. })),
-        "{gave_up:?}"
-    );
-    harness::wait_until(Duration::from_secs(5), || async {
-        match queue_len(&redis, "page").await {
-            0 => Ok(()),
-            n => Err(n),
-        }
-    })
-    .await
-    .expect("the place is given up, not left to lapse");
-    lease.release().await.unwrap();
+    let quitter = polling(&redis, Duration::from_secs(10)).await;
+    fair::a_fair_waiter_that_gives_up_leaves_the_queue(&holder, &quitter, &redis).await;
 }
 
 #[tokio::test]
@@ -573,10 +384,7 @@ async fn a_reentrant_owner_takes_the_lock_again_with_the_same_token_until_its_la
 
 async fn reentrant_claims(redis: &Redis, svc: RedisLock, name: &str) {
     let owner = svc.clone().reentrant();
-    let outer = owner
-        .acquire(name, Duration::from_secs(10), Duration::ZERO)
-        .await
-        .unwrap();
+    let outer = held(&owner, name, Duration::from_secs(10)).await;
     let inner = owner
         .clone()
         .acquire(name, Duration::from_secs(10), Duration::ZERO)
@@ -596,13 +404,8 @@ async fn reentrant_claims(redis: &Redis, svc: RedisLock, name: &str) {
 
     // Another owner, reentrant or not, same client id or not, is refused.
     for other in [svc.clone().reentrant(), svc.clone(), svc.clone().non_fair()] {
-        let refused = other
-            .acquire(name, Duration::from_secs(10), Duration::ZERO)
-            .await;
-        assert!(
-            matches!(refused, Err(LockError::Timeout { .. })),
-            "{refused:?}"
-        );
+        let refused = other.acquire(name, Duration::from_secs(10), Duration::ZERO);
+        assert_timeout(refused.await, "another owner");
     }
 
     let first_token = outer.token();
@@ -612,10 +415,7 @@ async fn reentrant_claims(redis: &Redis, svc: RedisLock, name: &str) {
     outer.release().await.unwrap();
     assert_eq!(count(redis, name).await, None, "the last release deletes");
     assert_eq!(svc.current_holder(name).await.unwrap(), None);
-    let next = svc
-        .acquire(name, Duration::from_secs(10), Duration::ZERO)
-        .await
-        .unwrap();
+    let next = held(&svc, name, Duration::from_secs(10)).await;
     assert!(next.token() > first_token, "a new grant, a new token");
     next.release().await.unwrap();
 }
@@ -668,8 +468,7 @@ async fn holder_lookup_names_non_fair_and_reentrant_holders() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reentrant_handles_exclude_each_other_under_contention() {
-    let redis = Redis::start().await;
-    let svc = service(&redis).await;
+    let (_redis, svc) = started().await;
     // One reentrant handle per task: distinct owners.
     let in_use = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut joins = vec![];
@@ -683,10 +482,7 @@ async fn reentrant_handles_exclude_each_other_under_contention() {
                     .await
                     .unwrap();
                 assert!(!in_use.swap(true, std::sync::atomic::Ordering::SeqCst));
-                let inner = owner
-                    .acquire("page", Duration::from_secs(10), Duration::ZERO)
-                    .await
-                    .unwrap();
+                let inner = held(&owner, "page", Duration::from_secs(10)).await;
                 assert_eq!(inner.token(), outer.token());
                 inner.release().await.unwrap();
                 tokio::task::yield_now().await;
@@ -702,48 +498,24 @@ async fn reentrant_handles_exclude_each_other_under_contention() {
 
 /// The `count` field of `lock:{N}`; `None` when the hash is gone.
 async fn count(redis: &Redis, name: &str) -> Option<i64> {
-    redis::cmd("HGET")
-        .arg(lock_key(name))
-        .arg("count")
-        .query_async(&mut raw(redis).await)
-        .await
-        .unwrap()
+    query(
+        &mut raw(&redis.url()).await,
+        redis::cmd("HGET").arg(lock_key(name)).arg("count"),
+    )
+    .await
 }
 
 /// The lock freed while the first waiter is not looking (frozen, not yet
 /// woken): it stays the first waiter's until its place lapses, and a
-/// newcomer that tries without waiting is refused.
+/// newcomer that tries without waiting is refused, be it the last holder or
+/// another client.
 #[tokio::test]
 async fn a_free_lock_waits_for_the_first_waiter_and_a_newcomer_is_refused() {
-    let redis = Redis::start().await;
-    let holder = service(&redis).await;
-    let first = service(&redis)
-        .await
-        .with_poll_fallback(Duration::from_secs(10));
-    let lease = holder
-        .acquire("page", Duration::from_secs(30), Duration::ZERO)
-        .await
-        .unwrap();
-    let mut waiting =
-        Box::pin(first.acquire("page", Duration::from_secs(30), Duration::from_secs(60)));
-    tokio::select! {
-        r = &mut waiting => panic!("granted while held: {r:?}"),
-        () = queued(&redis, "page", 1) => {}
-    }
-    lease.release().await.unwrap();
-    for newcomer in [holder.clone(), service(&redis).await] {
-        let refused = newcomer
-            .acquire("page", Duration::from_secs(30), Duration::ZERO)
-            .await;
-        assert!(
-            matches!(refused, Err(LockError::Timeout { .. })),
-            "{refused:?}"
-        );
-    }
-    // The first waiter, polled again, finds the release's message and takes it.
-    let granted = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the first waiter is granted at once")
-        .unwrap();
-    granted.release().await.unwrap();
+    let (redis, holder) = started().await;
+    let first = polling(&redis, Duration::from_secs(10)).await;
+    let newcomers = [holder.clone(), service(&redis).await];
+    fair::a_free_lock_waits_for_the_first_waiter_and_a_newcomer_is_refused(
+        &holder, &first, &newcomers, &redis,
+    )
+    .await;
 }

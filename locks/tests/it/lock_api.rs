@@ -70,8 +70,10 @@ impl Grant for Scripted {
     }
 }
 
-fn lease(grant: Arc<Scripted>, ttl: Duration, auto_renew: bool) -> Lease {
-    Lease::new(NewLease {
+/// A lease of lock `page` with token 7, granted now for `ttl`, renewed by
+/// `grant`.
+fn new_lease(grant: Arc<Scripted>, ttl: Duration) -> NewLease {
+    NewLease {
         name: "page".into(),
         issuer: "test".into(),
         client_id: "test-client".into(),
@@ -79,9 +81,16 @@ fn lease(grant: Arc<Scripted>, ttl: Duration, auto_renew: bool) -> Lease {
         ttl,
         requested_at: Instant::now(),
         validity: Some(ttl),
-        auto_renew,
+        auto_renew: true,
         grant,
         lost_trigger: None,
+    }
+}
+
+fn lease(grant: Arc<Scripted>, ttl: Duration, auto_renew: bool) -> Lease {
+    Lease::new(NewLease {
+        auto_renew,
+        ..new_lease(grant, ttl)
     })
 }
 
@@ -167,16 +176,9 @@ async fn manual_renew_extends_validity_from_when_it_was_sent() {
 async fn is_lost_checks_the_deadline_itself() {
     let grant = Scripted::new(Answer::Renewed);
     let lease = Lease::new(NewLease {
-        name: "page".into(),
-        issuer: "test".into(),
-        client_id: "test-client".into(),
         fencing: Fencing::Token(Token::new(1).unwrap()),
-        ttl: TTL,
         requested_at: Instant::now() - TTL * 2,
-        validity: Some(TTL),
-        auto_renew: true,
-        grant,
-        lost_trigger: None,
+        ..new_lease(grant, TTL)
     });
     assert!(lease.is_lost());
 }
@@ -185,16 +187,11 @@ async fn is_lost_checks_the_deadline_itself() {
 async fn backend_trigger_fires_the_lost_signal() {
     let trigger = lost_channel();
     let lease = Lease::new(NewLease {
-        name: "page".into(),
-        issuer: "test".into(),
-        client_id: "test-client".into(),
         fencing: Fencing::Token(Token::new(1).unwrap()),
-        ttl: TTL,
-        requested_at: Instant::now(),
         validity: None,
         auto_renew: false,
-        grant: Scripted::new(Answer::Renewed),
         lost_trigger: Some(trigger.clone()),
+        ..new_lease(Scripted::new(Answer::Renewed), TTL)
     });
     tokio::time::sleep(TTL * 10).await;
     assert!(!lease.is_lost(), "no deadline: held until signalled");

@@ -7,57 +7,32 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fencelock::zookeeper::{ZooKeeperLock, ZooKeeperReadWriteLock, LOCKS_ROOT};
+use fencelock::zookeeper::{ZooKeeperLock, LOCKS_ROOT};
 use fencelock::{HolderLookup, Lease, LockError, LockService};
 use harness::proxy::{Op, ZooKeeperProxy};
-use harness::{wait_until, ZooKeeper};
-use tokio::sync::OnceCell;
+use harness::wait_until;
 use zookeeper_client as zk;
 
-const SESSION: Duration = Duration::from_secs(2);
+use crate::support::zookeeper::{
+    connect, connect_rw, connect_string, lock_nodes, zk_server, SESSION,
+};
+use crate::support::{assert_timeout, held, take_and_release};
+
 const WAIT: Duration = Duration::from_secs(20);
 /// Long enough for a waiter to have parked if it was ever going to.
 const SHORT: Duration = Duration::from_millis(300);
-
-/// One standalone server for the whole binary; it dies with the binary.
-async fn zk_server() -> &'static ZooKeeper {
-    static ZK: OnceCell<ZooKeeper> = OnceCell::const_new();
-    ZK.get_or_init(ZooKeeper::start).await
-}
-
-async fn connect(connect_string: &str) -> ZooKeeperLock {
-    ZooKeeperLock::connect(connect_string, SESSION)
-        .await
-        .expect("connect to zookeeper")
-}
-
-async fn connect_rw(connect_string: &str) -> ZooKeeperReadWriteLock {
-    ZooKeeperReadWriteLock::connect(connect_string, SESSION)
-        .await
-        .expect("connect to zookeeper")
-}
-
-/// The nodes under a lock's parent, read with a plain client.
-async fn lock_nodes(connect_string: &str, name: &str) -> Vec<String> {
-    let client = zk::Client::connect(connect_string).await.unwrap();
-    match client.list_children(&format!("{LOCKS_ROOT}/{name}")).await {
-        Ok(children) => children,
-        Err(zk::Error::NoNode) => vec![],
-        Err(e) => panic!("list children: {e}"),
-    }
-}
 
 fn token(lease: &Lease) -> u64 {
     lease.token().expect("zookeeper grants carry tokens").get()
 }
 
-#[track_caller]
-fn assert_timeout(result: Result<Lease, LockError>, what: &str) {
-    match result {
-        Err(LockError::Timeout { .. }) => {}
-        Ok(lease) => panic!("{what}: granted (token {}) but must wait", token(&lease)),
-        Err(e) => panic!("{what}: {e:?}, expected a timeout"),
-    }
+/// The shared server's connect string, a proxy in front of it (to lose or
+/// repeat a reply on purpose), and a holder connected to the server itself.
+async fn a_holder_and_a_proxy() -> (String, ZooKeeperProxy, ZooKeeperLock) {
+    let cs = connect_string().await;
+    let proxy = ZooKeeperProxy::start(zk_server().await.port()).await;
+    let holder = connect(&cs).await;
+    (cs, proxy, holder)
 }
 
 #[track_caller]
@@ -145,8 +120,7 @@ async fn take_turns(cs: &str, name: &'static str, fair: bool, grants: usize) -> 
 
 #[tokio::test]
 async fn three_always_queued_clients_take_strict_turns_on_the_fair_lock() {
-    let zk = zk_server().await;
-    let order = take_turns(&zk.connect_string(), "rotation", true, 30).await;
+    let order = take_turns(&connect_string().await, "rotation", true, 30).await;
     let who: Vec<usize> = order.iter().map(|(w, _)| *w).collect();
     let tokens: Vec<u64> = order.iter().map(|(_, t)| *t).collect();
     assert!(
@@ -172,8 +146,7 @@ async fn three_always_queued_clients_take_strict_turns_on_the_fair_lock() {
 
 #[tokio::test]
 async fn readers_share_the_lock() {
-    let zk = zk_server().await;
-    let cs = zk.connect_string();
+    let cs = connect_string().await;
     let (a, b) = (connect_rw(&cs).await, connect_rw(&cs).await);
     let r1 = a
         .read()
@@ -195,27 +168,18 @@ async fn readers_share_the_lock() {
 
 #[tokio::test]
 async fn a_writer_excludes_readers_writers_and_the_mutex_and_waits_for_readers() {
-    let zk = zk_server().await;
-    let cs = zk.connect_string();
+    let cs = connect_string().await;
     let name = "rw-exclusive";
     let (a, b) = (connect_rw(&cs).await, connect_rw(&cs).await);
     let mutex = connect(&cs).await;
 
-    let w = a
-        .write()
-        .acquire(name, SESSION, Duration::ZERO)
-        .await
-        .unwrap();
+    let w = held(&a.write(), name, SESSION).await;
     assert_timeout(b.read().acquire(name, SESSION, SHORT).await, "reader");
     assert_timeout(b.write().acquire(name, SESSION, SHORT).await, "writer");
     assert_timeout(mutex.acquire(name, SESSION, SHORT).await, "fair mutex");
     w.release().await.unwrap();
 
-    let r = b
-        .read()
-        .acquire(name, SESSION, Duration::ZERO)
-        .await
-        .unwrap();
+    let r = held(&b.read(), name, SESSION).await;
     assert_timeout(
         a.write().acquire(name, SESSION, SHORT).await,
         "writer behind a reader",
@@ -225,30 +189,20 @@ async fn a_writer_excludes_readers_writers_and_the_mutex_and_waits_for_readers()
         "mutex behind a reader",
     );
     r.release().await.unwrap();
-    let w = a
-        .write()
-        .acquire(name, SESSION, Duration::ZERO)
-        .await
-        .unwrap();
-    w.release().await.unwrap();
+    take_and_release(&a.write(), name, SESSION).await;
     assert!(lock_nodes(&cs, name).await.is_empty());
 }
 
 #[tokio::test]
 async fn a_reader_queued_behind_a_writer_waits_for_it_though_readers_hold() {
-    let zk = zk_server().await;
-    let cs = zk.connect_string();
+    let cs = connect_string().await;
     let name = "rw-queued";
     let (a, b, c) = (
         connect_rw(&cs).await,
         connect_rw(&cs).await,
         connect_rw(&cs).await,
     );
-    let r1 = a
-        .read()
-        .acquire(name, SESSION, Duration::ZERO)
-        .await
-        .unwrap();
+    let r1 = held(&a.read(), name, SESSION).await;
 
     let (tx, mut granted) = tokio::sync::mpsc::unbounded_channel::<(&str, u64)>();
     let (release_w, released) = tokio::sync::oneshot::channel::<()>();
@@ -293,8 +247,7 @@ async fn a_reader_queued_behind_a_writer_waits_for_it_though_readers_hold() {
 
 #[tokio::test]
 async fn read_write_tokens_increase_in_grant_order() {
-    let zk = zk_server().await;
-    let cs = zk.connect_string();
+    let cs = connect_string().await;
     let name = "rw-tokens";
     let rws = [
         connect_rw(&cs).await,
@@ -347,16 +300,12 @@ async fn read_write_tokens_increase_in_grant_order() {
 
 #[tokio::test]
 async fn fair_and_non_fair_locks_refuse_each_others_names() {
-    let zk = zk_server().await;
-    let cs = zk.connect_string();
+    let cs = connect_string().await;
     let fair = connect(&cs).await;
     let non_fair = connect(&cs).await.non_fair();
     let rw = connect_rw(&cs).await;
 
-    let held = fair
-        .acquire("mix-a", SESSION, Duration::ZERO)
-        .await
-        .unwrap();
+    let fair_lease = held(&fair, "mix-a", SESSION).await;
     assert_refused_mix(
         non_fair.acquire("mix-a", SESSION, SHORT).await,
         "non-fair while the fair lock holds",
@@ -366,12 +315,9 @@ async fn fair_and_non_fair_locks_refuse_each_others_names() {
         1,
         "the refused node is deleted"
     );
-    held.release().await.unwrap();
+    fair_lease.release().await.unwrap();
 
-    let held = non_fair
-        .acquire("mix-b", SESSION, Duration::ZERO)
-        .await
-        .unwrap();
+    let non_fair_lease = held(&non_fair, "mix-b", SESSION).await;
     assert_refused_mix(
         fair.acquire("mix-b", SESSION, SHORT).await,
         "fair while the non-fair lock holds",
@@ -381,30 +327,22 @@ async fn fair_and_non_fair_locks_refuse_each_others_names() {
         "reader while the non-fair lock holds",
     );
     assert_eq!(lock_nodes(&cs, "mix-b").await, ["lock"]);
-    held.release().await.unwrap();
+    non_fair_lease.release().await.unwrap();
 
-    let reader = rw
-        .read()
-        .acquire("mix-c", SESSION, Duration::ZERO)
-        .await
-        .unwrap();
+    let reader = held(&rw.read(), "mix-c", SESSION).await;
     assert_refused_mix(
         non_fair.acquire("mix-c", SESSION, SHORT).await,
         "non-fair while a reader holds",
     );
     reader.release().await.unwrap();
     // Once the other variant is gone, the name is free for either.
-    let later = non_fair
-        .acquire("mix-c", SESSION, Duration::ZERO)
-        .await
-        .unwrap();
+    let later = held(&non_fair, "mix-c", SESSION).await;
     later.release().await.unwrap();
 }
 
 #[tokio::test]
 async fn the_holder_lookup_names_the_writer_and_the_non_fair_holder_but_no_reader() {
-    let zk = zk_server().await;
-    let cs = zk.connect_string();
+    let cs = connect_string().await;
     // The storage's own session, as the gateway has one (a plain, fair service).
     let lookup = connect(&cs).await;
     let rw = connect_rw(&cs).await.with_client_id("writer-7").unwrap();
@@ -433,10 +371,7 @@ async fn the_holder_lookup_names_the_writer_and_the_non_fair_holder_but_no_reade
         .non_fair()
         .with_client_id("naive-1")
         .unwrap();
-    let n = non_fair
-        .acquire("lookup-nf", SESSION, Duration::ZERO)
-        .await
-        .unwrap();
+    let n = held(&non_fair, "lookup-nf", SESSION).await;
     let holder = lookup.current_holder("lookup-nf").await.unwrap().unwrap();
     assert_eq!(holder.client_id, "naive-1");
     assert_eq!(holder.token, n.token().unwrap());
@@ -449,10 +384,9 @@ async fn the_holder_lookup_names_the_writer_and_the_non_fair_holder_but_no_reade
 /// release must find it is not ours and leave it.
 #[tokio::test]
 async fn a_release_whose_delete_reply_is_lost_leaves_the_next_holders_node() {
-    let zk = zk_server().await;
-    let cs = zk.connect_string();
+    let cs = connect_string().await;
     let name = "lost-delete-reply";
-    let proxy = ZooKeeperProxy::start(zk.port()).await;
+    let proxy = ZooKeeperProxy::start(zk_server().await.port()).await;
     // Long enough a session that it outlives the time the proxy turns it away.
     let a = ZooKeeperLock::connect(&proxy.connect_string(), Duration::from_secs(10))
         .await
@@ -493,11 +427,8 @@ async fn a_release_whose_delete_reply_is_lost_leaves_the_next_holders_node() {
 /// ours. The acquire must delete the stray, not wait behind itself.
 #[tokio::test]
 async fn a_waiter_deletes_a_stray_node_of_its_own_ahead_of_it() {
-    let zk = zk_server().await;
-    let cs = zk.connect_string();
     let name = "stray-own-node";
-    let proxy = ZooKeeperProxy::start(zk.port()).await;
-    let holder = connect(&cs).await;
+    let (cs, proxy, holder) = a_holder_and_a_proxy().await;
     let waiter = connect(&proxy.connect_string()).await;
 
     let held = holder.acquire(name, SESSION, Duration::ZERO).await.unwrap();
@@ -524,11 +455,8 @@ async fn a_waiter_deletes_a_stray_node_of_its_own_ahead_of_it() {
 /// the session is back, not made a second time.
 #[tokio::test]
 async fn a_create_whose_reply_is_lost_is_found_not_repeated() {
-    let zk = zk_server().await;
-    let cs = zk.connect_string();
     let name = "lost-create-reply";
-    let proxy = ZooKeeperProxy::start(zk.port()).await;
-    let holder = connect(&cs).await;
+    let (cs, proxy, holder) = a_holder_and_a_proxy().await;
     let waiter = ZooKeeperLock::connect(&proxy.connect_string(), Duration::from_secs(10))
         .await
         .unwrap();

@@ -12,8 +12,10 @@ use std::time::Duration;
 use fencelock::redlock::{drift_of, key_of, Redlock, ISSUER};
 use fencelock::{AcquireOptions, Fencing, Lease, LockError, LockService};
 use harness::{free_port, wait_until, Persistence, Redis};
-use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
+
+use crate::support::redis::{query, raw};
+use crate::support::{assert_timeout, held, held_with};
 
 /// Per-node timeout used by these tests: well below every TTL here, and well
 /// above a local reply even on a loaded 2-core machine.
@@ -37,14 +39,6 @@ async fn client(urls: &[String]) -> Redlock {
         .expect("connect to a majority")
         .with_node_timeout(NODE_TIMEOUT)
         .expect("node timeout")
-}
-
-async fn raw(node: &Redis) -> MultiplexedConnection {
-    redis::Client::open(node.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("raw connection")
 }
 
 /// Which client holds the lock on each node: 1, 2, or 0 for nobody (or no
@@ -85,11 +79,49 @@ async fn client_one_holds_a_bare_majority(
     nodes[3].kill();
     nodes[4].kill();
     let c1 = client(&urls(nodes)).await;
-    let lease = c1
-        .acquire_with(name, AcquireOptions::new(ttl).auto_renew(false))
-        .await
-        .expect("client 1 gets A, B, C");
+    // Client 1 gets A, B, C.
+    let lease = held_with(&c1, name, AcquireOptions::new(ttl).auto_renew(false)).await;
     (c1, lease)
+}
+
+/// `c`'s grant of `name`, taken at once, how long it took, and the validity
+/// it came with.
+async fn timed_grant(c: &Redlock, name: &str, ttl: Duration) -> (Lease, Duration, Duration) {
+    let started = Instant::now();
+    let lease = held(c, name, ttl).await;
+    let took = started.elapsed();
+    let remaining = lease.remaining().expect("bounded");
+    (lease, took, remaining)
+}
+
+/// D and E are reachable again (C as the test left it): a second client
+/// connects and asks for `name` (no watchdog), for a second at most.
+async fn a_second_client_asks(
+    nodes: &mut [Redis],
+    name: &str,
+    ttl: Duration,
+) -> (Redlock, Result<Lease, LockError>) {
+    nodes[3].start_again().await;
+    nodes[4].start_again().await;
+    let c2 = client(&urls(nodes)).await;
+    let second = c2.acquire_with(name, for_a_second(ttl)).await;
+    (c2, second)
+}
+
+/// A second client's request: `ttl`, no watchdog, waiting a second at most.
+fn for_a_second(ttl: Duration) -> AcquireOptions {
+    AcquireOptions::new(ttl)
+        .auto_renew(false)
+        .wait(Duration::from_secs(1))
+}
+
+/// Two clients hold a valid grant of `name` at once: client 1 on A and B,
+/// client 2 on C, D and E (a majority).
+async fn assert_two_holders(c1: &Redlock, c2: &Redlock, leases: [&Lease; 2], name: &str) {
+    for lease in leases {
+        assert_still_believes_it_holds(lease);
+    }
+    assert_eq!(map_of_holders(c1, c2, name).await, vec![1, 1, 2, 2, 2]);
 }
 
 #[tokio::test]
@@ -117,14 +149,9 @@ async fn connect_needs_a_majority_but_tolerates_a_minority_down() {
 
     let minority_down = vec![nodes[0].url(), nodes[1].url(), down()];
     let c = client(&minority_down).await;
-    let lease = c
-        .acquire(
-            "minority-down",
-            Duration::from_secs(2),
-            Duration::from_secs(1),
-        )
-        .await
-        .expect("two of three nodes grant");
+    // Two of three nodes grant.
+    let options = AcquireOptions::new(Duration::from_secs(2)).wait(Duration::from_secs(1));
+    let lease = held_with(&c, "minority-down", options).await;
     lease.release().await.expect("release");
 
     let majority_down = vec![nodes[0].url(), down(), down()];
@@ -140,10 +167,7 @@ async fn lease_is_unfenced_and_excludes_a_second_client() {
     let (c1, c2) = (client(&urls(&nodes)).await, client(&urls(&nodes)).await);
     let ttl = Duration::from_secs(2);
 
-    let lease = c1
-        .acquire("excl", ttl, Duration::ZERO)
-        .await
-        .expect("free lock");
+    let lease = held(&c1, "excl", ttl).await;
     assert_eq!(lease.issuer(), "redlock");
     assert_eq!(lease.token(), None);
     assert!(matches!(lease.fencing(), Fencing::Unfenced { reason } if reason.contains("counter")));
@@ -158,10 +182,7 @@ async fn lease_is_unfenced_and_excludes_a_second_client() {
 
     lease.release().await.expect("release");
     assert_eq!(map_of_holders(&c1, &c2, "excl").await, vec![0, 0, 0]);
-    let second = c2
-        .acquire("excl", ttl, Duration::ZERO)
-        .await
-        .expect("free again");
+    let second = held(&c2, "excl", ttl).await; // free again
     assert_eq!(map_of_holders(&c1, &c2, "excl").await, vec![2, 2, 2]);
     second.release().await.expect("release");
 }
@@ -172,23 +193,21 @@ async fn failed_acquisition_releases_the_nodes_it_took() {
     let c = client(&urls(&nodes)).await;
     let key = key_of("partial");
     for node in &nodes[1..] {
-        let _: () = redis::cmd("SET")
-            .arg(&key)
-            .arg("someone-else")
-            .arg("PX")
-            .arg(10_000)
-            .query_async(&mut raw(node).await)
-            .await
-            .expect("raw SET");
+        let _: () = query(
+            &mut raw(&node.url()).await,
+            redis::cmd("SET")
+                .arg(&key)
+                .arg("someone-else")
+                .arg("PX")
+                .arg(10_000),
+        )
+        .await;
     }
 
     let attempt = c
         .acquire("partial", Duration::from_secs(2), Duration::ZERO)
         .await;
-    assert!(
-        matches!(attempt, Err(LockError::Timeout { .. })),
-        "{attempt:?}"
-    );
+    assert_timeout(attempt, "no majority");
     assert_eq!(
         c.holders_on_nodes("partial").await,
         vec![
@@ -205,28 +224,24 @@ async fn renewal_extends_on_a_majority_and_refusal_loses_the_lease() {
     let nodes = start_nodes(3, Persistence::None).await;
     let c = client(&urls(&nodes)).await;
     let ttl = Duration::from_millis(1500);
-    let lease = c
-        .acquire_with("renew", AcquireOptions::new(ttl).auto_renew(false))
-        .await
-        .expect("grant");
+    let lease = held_with(&c, "renew", AcquireOptions::new(ttl).auto_renew(false)).await;
 
     let validity = lease.renew().await.expect("renew while held");
     assert!(validity <= ttl - drift_of(ttl), "{validity:?}");
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(key_of("renew"))
-        .query_async(&mut raw(&nodes[0]).await)
-        .await
-        .expect("PTTL");
+    let pttl: i64 = query(
+        &mut raw(&nodes[0].url()).await,
+        redis::cmd("PTTL").arg(key_of("renew")),
+    )
+    .await;
     assert!(pttl > 1000, "extended to the full TTL again: {pttl} ms");
 
     // Somebody else's key on a majority: the next renewal is refused.
     for node in &nodes[..2] {
-        let _: () = redis::cmd("SET")
-            .arg(key_of("renew"))
-            .arg("thief")
-            .query_async(&mut raw(node).await)
-            .await
-            .expect("raw SET");
+        let _: () = query(
+            &mut raw(&node.url()).await,
+            redis::cmd("SET").arg(key_of("renew")).arg("thief"),
+        )
+        .await;
     }
     match lease.renew().await {
         Err(LockError::NotHeld { name, .. }) => assert_eq!(name, "renew"),
@@ -268,14 +283,9 @@ async fn minority_partition_still_grants_with_validity_reduced_by_the_wait() {
     nodes[3].process().pause();
     nodes[4].process().pause();
 
-    // D and E are frozen: A, B, C answer at once and decide the round.
-    let started = Instant::now();
-    let lease = c
-        .acquire("partitioned", ttl, Duration::ZERO)
-        .await
-        .expect("three of five still grant");
-    let took = started.elapsed();
-    let remaining = lease.remaining().expect("bounded");
+    // D and E are frozen: A, B, C answer at once and decide the round (three
+    // of five still grant).
+    let (lease, took, remaining) = timed_grant(&c, "partitioned", ttl).await;
     assert!(
         took < slow_timeout,
         "the frozen minority must not set the pace: {took:?}"
@@ -298,7 +308,7 @@ async fn minority_partition_still_grants_with_validity_reduced_by_the_wait() {
     // Now C, the third vote, is slow too (busy for 300 ms): the grant has to
     // wait for it, and the validity shrinks by that wait.
     let busy = Duration::from_millis(300);
-    let mut on_c = raw(&nodes[2]).await;
+    let mut on_c = raw(&nodes[2].url()).await;
     let hog = tokio::spawn(async move {
         redis::cmd("EVAL")
             .arg(BUSY_SCRIPT)
@@ -308,13 +318,8 @@ async fn minority_partition_still_grants_with_validity_reduced_by_the_wait() {
             .await
     });
     tokio::time::sleep(Duration::from_millis(20)).await; // let the script start
-    let started = Instant::now();
-    let lease = c
-        .acquire("partitioned", ttl, Duration::ZERO)
-        .await
-        .expect("A, B and the slow C still grant within the node timeout");
-    let took = started.elapsed();
-    let remaining = lease.remaining().expect("bounded");
+                                                         // A, B and the slow C still grant within the node timeout.
+    let (lease, took, remaining) = timed_grant(&c, "partitioned", ttl).await;
     assert!(took >= busy / 2, "waited for C: {took:?}");
     assert!(
         remaining <= ttl - took - drift + slack,
@@ -345,25 +350,9 @@ async fn two_holders_after_node_restart_without_persistence() {
     let (c1, first) = client_one_holds_a_bare_majority(&mut nodes, "restart", ttl).await;
 
     nodes[2].restart().await; // C crashes and comes back without the key
-    nodes[3].start_again().await; // D and E are reachable again
-    nodes[4].start_again().await;
-    let c2 = client(&urls(&nodes)).await;
-    let second = c2
-        .acquire_with(
-            "restart",
-            AcquireOptions::new(ttl)
-                .auto_renew(false)
-                .wait(Duration::from_secs(1)),
-        )
-        .await
-        .expect("the second client gets C, D, E: a majority");
-
-    assert_still_believes_it_holds(&first);
-    assert_still_believes_it_holds(&second);
-    assert_eq!(
-        map_of_holders(&c1, &c2, "restart").await,
-        vec![1, 1, 2, 2, 2]
-    );
+    let (c2, second) = a_second_client_asks(&mut nodes, "restart", ttl).await;
+    let second = second.expect("the second client gets C, D, E: a majority");
+    assert_two_holders(&c1, &c2, [&first, &second], "restart").await;
     // The first client learns only when it next tries to extend.
     let renewal = first.renew().await;
     assert!(
@@ -382,13 +371,8 @@ async fn two_holders_after_clock_jump_on_one_node() {
     let ttl = Duration::from_secs(5);
     let (c1, first) = client_one_holds_a_bare_majority(&mut nodes, "jump", ttl).await;
 
-    let mut on_c = raw(&nodes[2]).await;
-    let expired: i64 = redis::cmd("PEXPIRE")
-        .arg(key_of("jump"))
-        .arg(1)
-        .query_async(&mut on_c)
-        .await
-        .expect("PEXPIRE");
+    let mut on_c = raw(&nodes[2].url()).await;
+    let expired: i64 = query(&mut on_c, redis::cmd("PEXPIRE").arg(key_of("jump")).arg(1)).await;
     assert_eq!(expired, 1, "C held client 1's key");
     wait_until(Duration::from_secs(2), || {
         let mut on_c = on_c.clone();
@@ -408,22 +392,9 @@ async fn two_holders_after_clock_jump_on_one_node() {
     .await
     .expect("the key expired on C");
 
-    nodes[3].start_again().await;
-    nodes[4].start_again().await;
-    let c2 = client(&urls(&nodes)).await;
-    let second = c2
-        .acquire_with(
-            "jump",
-            AcquireOptions::new(ttl)
-                .auto_renew(false)
-                .wait(Duration::from_secs(1)),
-        )
-        .await
-        .expect("the second client gets C, D, E: a majority");
-
-    assert_still_believes_it_holds(&first);
-    assert_still_believes_it_holds(&second);
-    assert_eq!(map_of_holders(&c1, &c2, "jump").await, vec![1, 1, 2, 2, 2]);
+    let (c2, second) = a_second_client_asks(&mut nodes, "jump", ttl).await;
+    let second = second.expect("the second client gets C, D, E: a majority");
+    assert_two_holders(&c1, &c2, [&first, &second], "jump").await;
 }
 
 /// Mitigation 1 of demonstration 1: the crashed node stays down longer than
@@ -467,12 +438,7 @@ async fn delayed_restart_past_the_ttl_prevents_two_holders() {
     tokio::time::sleep_until(crashed_at + ttl + Duration::from_millis(200)).await;
     nodes[2].start_again().await;
     let second = c2
-        .acquire_with(
-            "delayed",
-            AcquireOptions::new(ttl)
-                .auto_renew(false)
-                .wait(Duration::from_secs(1)),
-        )
+        .acquire_with("delayed", for_a_second(ttl))
         .await
         .expect("free once the first grant expired");
     assert!(first.is_lost(), "granted only after the first lease ended");
@@ -493,18 +459,8 @@ async fn appendfsync_always_prevents_two_holders_after_restart() {
     let c2 = client(&urls(&nodes)).await;
     assert_eq!(map_of_holders(&c1, &c2, "aof").await, vec![1, 1, 1, 0, 0]);
 
-    let attempt = c2
-        .acquire_with(
-            "aof",
-            AcquireOptions::new(ttl)
-                .auto_renew(false)
-                .wait(Duration::from_secs(1)),
-        )
-        .await;
-    assert!(
-        matches!(attempt, Err(LockError::Timeout { .. })),
-        "{attempt:?}"
-    );
+    let attempt = c2.acquire_with("aof", for_a_second(ttl)).await;
+    assert_timeout(attempt, "no majority");
     assert_still_believes_it_holds(&first);
     assert_eq!(map_of_holders(&c1, &c2, "aof").await, vec![1, 1, 1, 0, 0]);
 }

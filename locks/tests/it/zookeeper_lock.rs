@@ -2,47 +2,24 @@
 //! the tests (each uses its own lock names), and a three-node ensemble for the
 //! failover test.
 
-mod support;
-
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fencelock::zookeeper::{ZooKeeperLock, LOCKS_ROOT};
+
 use fencelock::{AcquireOptions, LockError, LockService};
+use harness::wait_until;
 use harness::zookeeper::ZooKeeperEnsemble;
-use harness::{wait_until, ZooKeeper};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-const SESSION: Duration = Duration::from_secs(2);
-
-/// One standalone server for the whole binary; it dies with the binary.
-async fn zk_server() -> String {
-    static ZK: OnceCell<ZooKeeper> = OnceCell::const_new();
-    ZK.get_or_init(ZooKeeper::start).await.connect_string()
-}
-
-async fn connect(connect_string: &str) -> ZooKeeperLock {
-    ZooKeeperLock::connect(connect_string, SESSION)
-        .await
-        .expect("connect to zookeeper")
-}
-
-/// The lock nodes under a lock's parent, read with a plain client.
-async fn lock_nodes(connect_string: &str, name: &str) -> Vec<String> {
-    let client = zk::Client::connect(connect_string).await.unwrap();
-    match client.list_children(&format!("{LOCKS_ROOT}/{name}")).await {
-        Ok(children) => children,
-        Err(zk::Error::NoNode) => vec![],
-        Err(e) => panic!("list children: {e}"),
-    }
-}
+use crate::support::zookeeper::{connect, connect_string, connected, lock_nodes, SESSION};
+use crate::support::{held, held_with};
 
 #[track_caller]
 fn assert_increasing(tokens: &[u64]) {
@@ -76,10 +53,9 @@ async fn bad_or_unreachable_connect_strings_fail_at_once() {
 
 #[tokio::test]
 async fn waiters_are_granted_in_arrival_order_with_increasing_tokens_one_at_a_time() {
-    let cs = zk_server().await;
-    let lock = connect(&cs).await;
+    let (cs, lock) = connected().await;
     let name = "fifo";
-    let first = lock.acquire(name, SESSION, Duration::ZERO).await.unwrap();
+    let first = held(&lock, name, SESSION).await;
     let order = Arc::new(Mutex::new(vec![(0, first.token().unwrap().get())]));
     let inside = Arc::new(AtomicU32::new(0));
     let mut waiters = Vec::new();
@@ -123,7 +99,7 @@ async fn waiters_are_granted_in_arrival_order_with_increasing_tokens_one_at_a_ti
 
 #[tokio::test]
 async fn separate_sessions_never_hold_at_once_and_tokens_only_grow() {
-    let cs = zk_server().await;
+    let cs = connect_string().await;
     let inside = Arc::new(AtomicU32::new(0));
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -158,10 +134,9 @@ async fn separate_sessions_never_hold_at_once_and_tokens_only_grow() {
 
 #[tokio::test]
 async fn timeouts_and_dropped_acquires_leave_no_node_behind() {
-    let cs = zk_server().await;
-    let lock = connect(&cs).await;
+    let (cs, lock) = connected().await;
     let name = "timeouts";
-    let held = lock.acquire(name, SESSION, Duration::ZERO).await.unwrap();
+    let held = held(&lock, name, SESSION).await;
 
     let once = lock
         .acquire(name, SESSION, Duration::ZERO)
@@ -207,8 +182,7 @@ async fn timeouts_and_dropped_acquires_leave_no_node_behind() {
 
 #[tokio::test]
 async fn names_are_validated_and_escaped() {
-    let cs = zk_server().await;
-    let lock = connect(&cs).await;
+    let (cs, lock) = connected().await;
     let err = lock.acquire("", SESSION, Duration::ZERO).await.unwrap_err();
     assert!(matches!(err, LockError::InvalidConfig(_)), "{err:?}");
     let a = lock
@@ -281,14 +255,14 @@ async fn wakeups_per_release(cs: &str, name: &'static str, fair: bool) -> Vec<u6
 
 #[tokio::test]
 async fn fair_lock_wakes_one_waiter_per_release() {
-    let cs = zk_server().await;
+    let cs = connect_string().await;
     let per_release = wakeups_per_release(&cs, "herd-fair", true).await;
     assert_eq!(per_release, vec![1, 1, 1, 1]);
 }
 
 #[tokio::test]
 async fn non_fair_lock_wakes_every_waiter_on_every_release() {
-    let cs = zk_server().await;
+    let cs = connect_string().await;
     let per_release = wakeups_per_release(&cs, "herd-non-fair", false).await;
     // N = 5: the first release wakes the 4 waiters, the next the 3 left...
     assert_eq!(per_release, vec![4, 3, 2, 1]);
@@ -369,15 +343,15 @@ async fn expect_line<R: tokio::io::AsyncBufRead + Unpin>(
 
 #[tokio::test]
 async fn paused_holder_loses_its_session_and_the_next_waiter_gets_a_higher_token() {
-    let cs = zk_server().await;
+    let cs = connect_string().await;
     let name = "paused-holder";
+    // The test's path in this binary: `zookeeper_lock::child_holder_process`.
+    let (_, module) = module_path!()
+        .split_once("::")
+        .expect("a module of the binary");
+    let child_test = format!("{module}::child_holder_process");
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_holder_process",
-            "--ignored",
-            "--nocapture",
-        ])
+        .args(["--exact", &child_test, "--ignored", "--nocapture"])
         .env(CHILD_CONNECT, &cs)
         .env(CHILD_LOCK, name)
         .stdout(Stdio::piped())
@@ -489,7 +463,7 @@ async fn killing_the_ensemble_leader_keeps_the_lock_and_its_token() {
 }
 
 async fn election_hands_over_on_abdicate(fair: bool) {
-    let cs = zk_server().await;
+    let cs = connect_string().await;
     let name = if fair {
         "election-fair"
     } else {
@@ -573,8 +547,7 @@ async fn non_fair_election_epochs_increase_and_abdicate_hands_over() {
 async fn lost_session_fires_the_lost_signal() {
     // Expire the session for real from the outside: a second client that
     // reuses the session id and password, then closes it.
-    let cs = zk_server().await;
-    let lock = connect(&cs).await;
+    let (cs, lock) = connected().await;
     let lease = lock
         .acquire_with("expire", AcquireOptions::new(Duration::from_secs(60)))
         .await
@@ -604,20 +577,21 @@ async fn lost_session_fires_the_lost_signal() {
     let reason = reason.expect("lost signal fires once the session is closed");
     assert!(reason.contains("session"), "{reason}");
     // The service opens a new session for the next acquire.
-    let again = lock
-        .acquire("expire", SESSION, Duration::from_secs(5))
+    let again = AcquireOptions::new(SESSION).wait(Duration::from_secs(5));
+    held_with(&lock, "expire", again)
+        .await
+        .release()
         .await
         .unwrap();
-    again.release().await.unwrap();
 }
 
 #[tokio::test]
 async fn holder_lookup_from_another_session_names_the_client_and_token() {
-    let cs = zk_server().await;
+    let cs = connect_string().await;
     let svc = connect(&cs).await.with_client_id("alice").unwrap();
     // The storage's own session, as the gateway has one.
     let lookup = connect(&cs).await;
-    support::contract::holder_lookup_names_the_client_and_token(
+    crate::support::contract::holder_lookup_names_the_client_and_token(
         &svc,
         &lookup,
         "alice",
@@ -629,8 +603,8 @@ async fn holder_lookup_from_another_session_names_the_client_and_token() {
 
 #[tokio::test]
 async fn dropped_lease_is_released_in_the_background() {
-    let cs = zk_server().await;
-    support::contract::dropped_lease_is_released_in_the_background(
+    let cs = connect_string().await;
+    crate::support::contract::dropped_lease_is_released_in_the_background(
         &connect(&cs).await,
         "dropped-lease",
     )

@@ -1,0 +1,1 @@
+concat('fencelock:', md5(concat(database(), '/{table}/', {lock_name})))

@@ -1,0 +1,1 @@
+delete from {table}_waiters where name = ? and (waiter = ? or expires_at <= now(6))

@@ -1,0 +1,1 @@
+select get_lock({bell}, 0)

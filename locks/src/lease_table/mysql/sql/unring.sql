@@ -1,0 +1,1 @@
+select release_all_locks()

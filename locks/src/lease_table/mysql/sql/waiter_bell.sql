@@ -1,0 +1,1 @@
+concat('fencelock:w:', {waiter})

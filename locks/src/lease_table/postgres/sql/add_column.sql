@@ -1,0 +1,1 @@
+alter table {target} add column if not exists {column} {column_type}

@@ -1,0 +1,1 @@
+and (l.queued_until is null or l.queued_until <= now())

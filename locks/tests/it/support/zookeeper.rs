@@ -1,0 +1,54 @@
+//! The ZooKeeper server the ZooKeeper tests share (each uses its own lock
+//! names), and plain looks at what the recipes wrote there.
+
+use std::time::Duration;
+
+use fencelock::zookeeper::{ZooKeeperLock, ZooKeeperReadWriteLock, LOCKS_ROOT};
+use harness::ZooKeeper;
+use tokio::sync::OnceCell;
+use zookeeper_client as zk;
+
+/// The session timeout of the tests' clients.
+pub const SESSION: Duration = Duration::from_secs(2);
+
+/// One standalone server for the whole binary; it dies with the binary.
+pub async fn zk_server() -> &'static ZooKeeper {
+    static ZK: OnceCell<ZooKeeper> = OnceCell::const_new();
+    ZK.get_or_init(ZooKeeper::start).await
+}
+
+/// The connect string of [`zk_server`].
+pub async fn connect_string() -> String {
+    zk_server().await.connect_string()
+}
+
+/// A lock service on `connect_string`, sessions of [`SESSION`].
+pub async fn connect(connect_string: &str) -> ZooKeeperLock {
+    ZooKeeperLock::connect(connect_string, SESSION)
+        .await
+        .expect("connect to zookeeper")
+}
+
+/// The connect string of [`zk_server`], and a lock service on it.
+pub async fn connected() -> (String, ZooKeeperLock) {
+    let cs = connect_string().await;
+    let lock = connect(&cs).await;
+    (cs, lock)
+}
+
+/// A read-write lock service on `connect_string`, sessions of [`SESSION`].
+pub async fn connect_rw(connect_string: &str) -> ZooKeeperReadWriteLock {
+    ZooKeeperReadWriteLock::connect(connect_string, SESSION)
+        .await
+        .expect("connect to zookeeper")
+}
+
+/// The nodes under a lock's parent, read with a plain client.
+pub async fn lock_nodes(connect_string: &str, name: &str) -> Vec<String> {
+    let client = zk::Client::connect(connect_string).await.unwrap();
+    match client.list_children(&format!("{LOCKS_ROOT}/{name}")).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => vec![],
+        Err(e) => panic!("list children: {e}"),
+    }
+}

@@ -1,3 +1,0 @@
-//! Shared test bodies.
-
-pub mod contract;
