@@ -151,6 +151,38 @@ pub trait HolderLookup: Send + Sync + 'static {
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Holder>, LockError>>;
+
+    /// The holder and, where the backend can say so in the same answer,
+    /// the highest token it has minted for `name` (Redis: its counter, read
+    /// with the holder in one round trip). A storage compares the two: a
+    /// holder's token above what the issuer minted was not minted by it.
+    /// By default the holder alone.
+    fn state<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockState, LockError>> {
+        Box::pin(async move {
+            Ok(LockState {
+                holder: self.current_holder(name).await?,
+                minted: None,
+            })
+        })
+    }
+
+    /// The highest token minted for `name` so far, or an upper bound of
+    /// it; `None` when the backend cannot say. What an operator checks
+    /// before setting a storage's fence by hand.
+    fn minted<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Token>, LockError>> {
+        let _ = name;
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// A lock as its issuer sees it (see [`HolderLookup::state`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockState {
+    /// Who holds it now; `None`: free, expired or released.
+    pub holder: Option<Holder>,
+    /// The highest token minted for it (or an upper bound), when the same
+    /// answer says it.
+    pub minted: Option<Token>,
 }
 
 /// Check a client id: 1 to 128 visible ASCII characters (what the gateway's

@@ -187,7 +187,12 @@
 mod backend;
 mod error;
 mod lease;
-#[cfg(any(feature = "redis", feature = "zookeeper"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "lease-postgres",
+    feature = "lease-mysql"
+))]
 mod settings;
 mod token;
 #[cfg(any(feature = "redis", feature = "lease-postgres", feature = "lease-mysql"))]
@@ -220,7 +225,7 @@ pub use error::LockError;
 pub use lease::{
     default_client_id, drift_allowance, lost_channel, poll_until_granted, validate_client_id,
     validity_for, AcquireOptions, Fencing, Grant, Holder, HolderLookup, Lease, LockService,
-    LostSignal, LostTrigger, NewLease, WaitStats,
+    LockState, LostSignal, LostTrigger, NewLease, WaitStats,
 };
 pub use token::{Token, TokenError};
 #[cfg(any(feature = "redis", feature = "lease-postgres", feature = "lease-mysql"))]

@@ -417,8 +417,6 @@ where
 }
 
 /// Where a fair waiter keeps its place: how to give the place up.
-// The lease table keeps its own place until it switches to this one.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) trait Queue: Send + Sync + 'static {
     /// Give up `waiter`'s place in lock `name`'s queue (best effort: a
     /// place that is not given up lapses).
@@ -428,7 +426,6 @@ pub(crate) trait Queue: Send + Sync + 'static {
 /// A fair waiter's place in the lock service's queue, from its first
 /// refused try until [`QueuePlace::settle`]. Dropped before that (the
 /// acquire future was dropped), it is given up in the background.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) struct QueuePlace<Q: Queue> {
     /// `None`: no place to give up (granted, non-fair, or a try-lock).
     queue: Option<Q>,
@@ -436,7 +433,6 @@ pub(crate) struct QueuePlace<Q: Queue> {
     waiter: Arc<str>,
 }
 
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl<Q: Queue> QueuePlace<Q> {
     /// The place of `waiter` in `queue`, if it takes one.
     pub(crate) fn new(queue: Option<Q>, name: &str, waiter: Arc<str>) -> Self {

@@ -145,9 +145,11 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::time::Instant;
 
+use crate::settings::{Configurable, Settings};
+use crate::wake::{Queue, QueuePlace};
 use crate::{
-    default_client_id, validate_client_id, validity_for, AcquireOptions, Fencing, Holder,
-    HolderLookup, Lease, LockError, LockService, NewLease, Token, WaitCounters, WaitStats,
+    validity_for, AcquireOptions, Fencing, Holder, HolderLookup, Lease, LockError, LockService,
+    NewLease, Token, WaitCounters, WaitStats,
 };
 
 mod grant;
@@ -161,7 +163,7 @@ mod queue;
 mod sql;
 
 use grant::{Granted, Held, LeaseGrant};
-use queue::{Contended, QueuePlace};
+use queue::Contended;
 
 pub const ISSUER_POSTGRES: &str = "lease-postgres";
 pub const ISSUER_MYSQL: &str = "lease-mysql";
@@ -178,9 +180,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// The longest a waiter waits for a notification (PostgreSQL) or the bell
 /// (MariaDB) before it tries again anyway, unless
 /// [`LeaseTable::with_poll_fallback`] says otherwise.
-pub const DEFAULT_POLL_FALLBACK: Duration = Duration::from_millis(500);
-/// A fair waiter's place lasts this many fallback polls without a renewal.
-const PLACE_POLLS: u32 = 4;
+pub use crate::settings::DEFAULT_POLL_FALLBACK;
 /// How many lock names a service remembers (MariaDB: as having a row; both:
 /// as contended lately).
 const KNOWN_ROWS: usize = 4096;
@@ -347,7 +347,7 @@ impl Request<'_> {
             lock = self.name,
             %token,
             issuer = table.issuer_name(),
-            fair = table.fair,
+            fair = table.settings.is_fair(),
             "lease granted"
         );
         let grant = LeaseGrant {
@@ -362,7 +362,7 @@ impl Request<'_> {
         Lease::new(NewLease {
             name: self.name.to_string(),
             issuer: table.issuer_name().to_string(),
-            client_id: table.client_id.to_string(),
+            client_id: table.settings.client_id().to_string(),
             fencing: Fencing::Token(token),
             ttl: self.opts.ttl,
             requested_at,
@@ -400,9 +400,7 @@ type Attempt<T> = Result<T, (LockError, bool)>;
 pub struct LeaseTable {
     database: Database,
     lock_delay: Duration,
-    client_id: Arc<str>,
-    fair: bool,
-    poll_fallback: Duration,
+    settings: Settings,
     shared: Arc<Shared>,
 }
 
@@ -421,9 +419,9 @@ impl std::fmt::Debug for LeaseTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaseTable")
             .field("issuer", &self.issuer_name())
-            .field("client_id", &self.client_id)
+            .field("client_id", &self.settings.client_id())
             .field("lock_delay", &self.lock_delay)
-            .field("fair", &self.fair)
+            .field("fair", &self.settings.is_fair())
             .finish()
     }
 }
@@ -449,9 +447,7 @@ impl LeaseTable {
         LeaseTable {
             database,
             lock_delay: Duration::ZERO,
-            client_id: default_client_id().into(),
-            fair: true,
-            poll_fallback: DEFAULT_POLL_FALLBACK,
+            settings: Settings::default(),
             shared: Arc::default(),
         }
     }
@@ -465,37 +461,31 @@ impl LeaseTable {
 
     /// Record `id` as this client's id in every grant (see
     /// [`LockService::client_id`]).
-    pub fn with_client_id(mut self, id: impl Into<String>) -> Result<Self, LockError> {
-        let id = id.into();
-        validate_client_id(&id)?;
-        self.client_id = id.into();
-        Ok(self)
+    pub fn with_client_id(self, id: impl Into<String>) -> Result<Self, LockError> {
+        self.set_client_id(id)
     }
 
     /// The non-fair variant: the grant looks at no queue (see the module
     /// docs, "Fairness"). Kept for the comparison; the worker uses it with
     /// `--fair false`.
-    pub fn non_fair(mut self) -> Self {
-        self.fair = false;
-        self
+    pub fn non_fair(self) -> Self {
+        self.set_fair(false)
     }
 
     /// The fair variant (the default).
-    pub fn fair(mut self) -> Self {
-        self.fair = true;
-        self
+    pub fn fair(self) -> Self {
+        self.set_fair(true)
     }
 
     pub fn is_fair(&self) -> bool {
-        self.fair
+        self.settings.is_fair()
     }
 
     /// The longest a waiter waits for a notification or the bell before it
     /// tries again anyway (default 500 ms, at least 1 ms). A fair waiter's
     /// place lasts four of these without a renewal.
-    pub fn with_poll_fallback(mut self, fallback: Duration) -> Self {
-        self.poll_fallback = fallback.max(Duration::from_millis(1));
-        self
+    pub fn with_poll_fallback(self, fallback: Duration) -> Self {
+        self.set_poll_fallback(fallback)
     }
 
     /// How this service's waiters waited so far (shared by its clones).
@@ -521,11 +511,6 @@ impl LeaseTable {
             D::ISSUER
         }
         dialect!(self, |d| issuer(&**d))
-    }
-
-    /// How long a fair waiter's place lasts without a renewal.
-    fn place(&self) -> Duration {
-        self.poll_fallback * PLACE_POLLS
     }
 
     /// The typed error, and whether trying again can help: the connection is
@@ -559,12 +544,15 @@ impl LeaseTable {
             id: &id,
             first: AtomicBool::new(true),
         };
-        let mut place = QueuePlace::new(self, name, &id, request.queue());
+        let place = QueuePlace::new(
+            (self.settings.is_fair() && request.queue()).then(|| self.clone()),
+            name,
+            id.clone(),
+        );
         let acquired = dialect!(self, |d| d.acquire(&request).await);
-        if acquired.left_queue {
-            place.given_up();
-        }
-        place.settle(acquired.lease.is_ok()).await;
+        place
+            .settle(acquired.lease.is_ok() || acquired.left_queue)
+            .await;
         acquired.lease
     }
 
@@ -577,6 +565,18 @@ impl LeaseTable {
                 "leaving the queue failed (the place lapses): {e}"
             );
         }
+    }
+}
+
+impl Configurable for LeaseTable {
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut self.settings
+    }
+}
+
+impl Queue for LeaseTable {
+    async fn leave(&self, name: &str, waiter: &str) {
+        LeaseTable::leave(self, name, waiter).await
     }
 }
 
@@ -608,7 +608,7 @@ impl LockService for LeaseTable {
     }
 
     fn client_id(&self) -> &str {
-        &self.client_id
+        self.settings.client_id()
     }
 
     fn acquire_with<'a>(

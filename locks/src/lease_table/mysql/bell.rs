@@ -170,7 +170,7 @@ impl Waiter for BellWaiter<'_> {
         let mut st = self.state.lock().await;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || (t.fair && st.joined.is_none()) {
+            if left.is_zero() || (t.settings.is_fair() && st.joined.is_none()) {
                 // Out of time, or our place was lost with a connection: try
                 // (and join) again.
                 return Ok(false);
@@ -203,7 +203,7 @@ impl Waiter for BellWaiter<'_> {
                 // The bell was held and came to us: its holder let it go.
                 (Some(0), Some(1)) => {
                     st.rang = true;
-                    st.first_in_line = t.fair && w.first_now == Some(1);
+                    st.first_in_line = t.settings.is_fair() && w.first_now == Some(1);
                     return Ok(true);
                 }
                 // The bell was free: the waiter before us went away, or the

@@ -304,7 +304,7 @@ impl Acquire<'_> {
         sqlx::query(sql)
             .bind(&**request.id)
             .bind(&**request.id)
-            .bind(&*request.table.client_id)
+            .bind(request.table.settings.client_id())
             .bind(micros(request.opts.ttl))
             .bind(request.name)
             .bind(micros(request.table.lock_delay))
@@ -317,7 +317,7 @@ impl Acquire<'_> {
     async fn try_once(&self) -> Result<Try, LockError> {
         let (request, my) = (self.request, self.my);
         let (table, name, holder) = (request.table, request.name, &**request.id);
-        let (fair, queue) = (table.fair, request.queue());
+        let (fair, queue) = (table.settings.is_fair(), request.queue());
         let requested_at = Instant::now();
         let first = request.first_try();
         let mut st = self.state.lock().await;
@@ -380,7 +380,7 @@ impl Acquire<'_> {
                 let created = sqlx::query(&my.sql.create)
                     .bind(name)
                     .bind(holder)
-                    .bind(&*table.client_id)
+                    .bind(table.settings.client_id())
                     .bind(micros(request.opts.ttl))
                     .execute(&mut *conn)
                     .await?;
@@ -405,7 +405,7 @@ impl Acquire<'_> {
             if fair && queue {
                 let due = st
                     .joined
-                    .is_none_or(|at| at.elapsed() >= table.poll_fallback);
+                    .is_none_or(|at| at.elapsed() >= table.settings.poll_fallback());
                 if due {
                     on_conn!(table, &mut st, &my.pool, |conn| async {
                         table.sent(1);
@@ -413,14 +413,14 @@ impl Acquire<'_> {
                             .bind(name)
                             .bind(holder)
                             .bind(holder)
-                            .bind(micros(table.place()))
+                            .bind(micros(table.settings.place()))
                             .execute(&mut *conn)
                             .await
                     })?;
                     st.joined = Some(Instant::now());
                 }
             }
-            return Ok(Try::Refused(table.poll_fallback));
+            return Ok(Try::Refused(table.settings.poll_fallback()));
         };
         if fair && queue {
             my.granted_after(name, st.rang);

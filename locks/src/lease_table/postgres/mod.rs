@@ -179,9 +179,9 @@ impl Dialect for PgDialect {
             handed: Arc::default(),
             since: Mutex::new(Instant::now()),
         };
-        let filter = table.fair.then(|| request.id.clone());
-        let behind = table.fair.then(|| acquire.behind.clone());
-        let handed = table.fair.then(|| acquire.handed.clone());
+        let filter = table.settings.is_fair().then(|| request.id.clone());
+        let behind = table.settings.is_fair().then(|| acquire.behind.clone());
+        let handed = table.settings.is_fair().then(|| acquire.handed.clone());
         let (wait, counters) = (request.opts.wait, &table.shared.counters);
         // While the `LISTEN` connection runs and the lock was seen contended
         // lately, register before the first try, which costs no round trip:
@@ -306,15 +306,15 @@ impl Acquire<'_> {
             return Ok(Try::Handed(self.handed_lease(handed)?));
         }
         let requested_at = Instant::now();
-        let place = if table.fair && request.queue() {
-            table.place().as_secs_f64()
+        let place = if table.settings.is_fair() && request.queue() {
+            table.settings.place().as_secs_f64()
         } else {
             0.0
         };
         let first = request.first_try();
         if first && !table.shared.contended.is_contended(name) {
             // The light statement: the grant alone (fair: if nobody queues).
-            let q = if table.fair {
+            let q = if table.settings.is_fair() {
                 &self.pg.sql.acquire_fair_light
             } else {
                 &self.pg.sql.acquire_light
@@ -326,7 +326,7 @@ impl Acquire<'_> {
                     .bind(holder)
                     .bind(opts.ttl.as_secs_f64())
                     .bind(table.lock_delay.as_secs_f64())
-                    .bind(&*table.client_id)
+                    .bind(table.settings.client_id())
                     .fetch_optional(&self.pg.pool)
                     .await
                     .map_err(|e| table.err(e))
@@ -342,13 +342,13 @@ impl Acquire<'_> {
             // `queued_until` may still lie ahead with nobody left in it.
             table.shared.contended.contend(name);
             *self.since.lock().expect("since mutex") = requested_at;
-            if !request.queue() && !table.fair {
-                return Ok(Try::Refused(table.poll_fallback));
+            if !request.queue() && !table.settings.is_fair() {
+                return Ok(Try::Refused(table.settings.poll_fallback()));
             }
         }
         let tried: Tried = with_reconnect(|| async {
             table.sent(1);
-            let q = match (table.fair, first) {
+            let q = match (table.settings.is_fair(), first) {
                 (false, _) => &self.pg.sql.acquire,
                 (true, true) => &self.pg.sql.acquire_fair_first,
                 (true, false) => &self.pg.sql.acquire_fair,
@@ -358,8 +358,12 @@ impl Acquire<'_> {
                 .bind(holder)
                 .bind(opts.ttl.as_secs_f64())
                 .bind(table.lock_delay.as_secs_f64())
-                .bind(&*table.client_id);
-            let q = if table.fair { q.bind(place) } else { q };
+                .bind(table.settings.client_id());
+            let q = if table.settings.is_fair() {
+                q.bind(place)
+            } else {
+                q
+            };
             q.fetch_one(&self.pg.pool).await.map_err(|e| table.err(e))
         })
         .await?;
@@ -380,7 +384,7 @@ impl Acquire<'_> {
     /// place) still runs, capped by the fallback poll.
     fn bound(&self, wait_secs: Option<f64>) -> Duration {
         let secs = wait_secs.filter(|s| s.is_finite()).unwrap_or(0.0).max(0.0);
-        let fallback = self.request.table.poll_fallback;
+        let fallback = self.request.table.settings.poll_fallback();
         Duration::from_secs_f64(secs.min(fallback.as_secs_f64())).max(Duration::from_millis(1))
     }
 
@@ -430,7 +434,7 @@ impl PgHeld {
         // behind it know they are behind, and a release that names nobody
         // would not wake them. Else the light release wakes the first in
         // line (and every non-fair waiter).
-        let q = if g.table.fair && self.waited {
+        let q = if g.table.settings.is_fair() && self.waited {
             &self.sql.release
         } else {
             &self.sql.release_light
