@@ -37,6 +37,11 @@ async fn a_partitioned_zookeeper_server_stops_serving_and_the_majority_goes_on()
         panic!("network namespaces need root (and `unshare`): this test cannot run here");
     }
     let mut zk = ZooKeeperHosts::start().await;
+    // `start` waits for a quorum (a leader and one follower); the server cut
+    // below may be the third, still joining: wait until all three serve.
+    zk.wait_all_serving(Duration::from_secs(60))
+        .await
+        .expect("all three serve");
     let leader = zk.leader().await.expect("a leader");
     let cut = (leader + 1) % 3;
     assert_eq!(zk.mode(cut).await.as_deref(), Some("follower"));
