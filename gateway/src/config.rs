@@ -1,5 +1,7 @@
-//! The binary's flags ([`Config`], each with an environment fallback) and the
-//! same settings for a gateway spawned in-process ([`GatewayOptions`]).
+//! The binary's command line ([`Cli`]: `gateway [serve]` with [`Config`], or
+//! `gateway setup` with [`crate::setup::SetupConfig`]; every flag with an
+//! environment fallback) and the serving settings for a gateway spawned
+//! in-process ([`GatewayOptions`]).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -11,7 +13,9 @@ use crate::auth::{AuthMode, KeyRing};
 use crate::db::PoolOptions;
 use crate::http::Deadlines;
 use crate::issuers::IssuerSpec;
+use crate::page_issuers::{self, PageIssuer};
 use crate::server::ServeOptions;
+use crate::setup::SetupConfig;
 use crate::trust::TrustOptions;
 use crate::{FenceCheck, DEFAULT_POOL_SIZE};
 
@@ -38,18 +42,88 @@ impl FromStr for Secret {
     }
 }
 
-/// The gateway's configuration: flags, with environment fallbacks.
+/// A URL that may carry a password: `Debug` and `Display` show it
+/// redacted ([`crate::redact`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretUrl(String);
+
+impl SecretUrl {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&crate::redact(&self.0))
+    }
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&crate::redact(&self.0))
+    }
+}
+
+impl FromStr for SecretUrl {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(SecretUrl(s.to_owned()))
+    }
+}
+
+/// The command line: `gateway` serves (the same as `gateway serve`);
+/// `gateway setup` is the operator's one-shot step before it.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "gateway",
+    about = "Page storage over HTTP that rejects stale fencing tokens",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// `gateway` alone serves with these.
+    #[command(flatten)]
+    pub serve: Option<Config>,
+}
+
+/// What the binary does.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Serve the pages (the default): the schema must be in place (`gateway setup`).
+    Serve(Config),
+    /// The operator's step, run with the database owner's URL: the
+    /// migrations, the roles' grants, the lease tables. Idempotent.
+    Setup(SetupConfig),
+}
+
+impl Cli {
+    /// The command to run: `serve` when none is named.
+    pub fn command(self) -> Command {
+        match (self.command, self.serve) {
+            (Some(command), _) => command,
+            (None, Some(serve)) => Command::Serve(serve),
+            (None, None) => unreachable!("clap requires the serve flags without a subcommand"),
+        }
+    }
+}
+
+/// The serving gateway's configuration: flags, with environment fallbacks.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "gateway",
     about = "Page storage over HTTP that rejects stale fencing tokens"
 )]
 pub struct Config {
-    /// PostgreSQL URL, e.g. postgres://postgres@127.0.0.1:5432/pages; with a
-    /// standby: postgres://postgres@db1:5432,db2:5432/pages?target_session_attrs=read-write
-    /// (requests go to whichever server accepts writes).
-    #[arg(long, env = "DATABASE_URL")]
-    pub database_url: String,
+    /// PostgreSQL URL of the gateway's own role (fence_gateway; fence_unfenced
+    /// with fencing off), e.g. postgres://fence_gateway:PW@127.0.0.1:5432/pages;
+    /// with a standby: postgres://fence_gateway:PW@db1:5432,db2:5432/pages?target_session_attrs=read-write
+    /// (requests go to whichever server accepts writes). The schema must be
+    /// in place (`gateway setup`): the gateway only checks it.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: SecretUrl,
     /// Address to listen on.
     #[arg(long, env = "GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
@@ -67,13 +141,23 @@ pub struct Config {
     pub auth: AuthMode,
     /// Writers' keys: `client=key,client=key` (keys of at least 16 bytes).
     /// The client is what the history records as `client_id`.
-    #[arg(long, env = "GATEWAY_API_KEYS", value_name = "CLIENT=KEY,...")]
+    #[arg(
+        long,
+        env = "GATEWAY_API_KEYS",
+        hide_env_values = true,
+        value_name = "CLIENT=KEY,..."
+    )]
     pub api_keys: Option<Secret>,
     /// A file of writers' keys: one `client=key` a line, `#` comments.
     #[arg(long, env = "GATEWAY_API_KEYS_FILE", value_name = "FILE")]
     pub api_keys_file: Option<PathBuf>,
     /// Admins' keys, for `POST /admin/pages/{id}/fence` only: `name=key,...`.
-    #[arg(long, env = "GATEWAY_ADMIN_KEYS", value_name = "NAME=KEY,...")]
+    #[arg(
+        long,
+        env = "GATEWAY_ADMIN_KEYS",
+        hide_env_values = true,
+        value_name = "NAME=KEY,..."
+    )]
     pub admin_keys: Option<Secret>,
     /// A file of admins' keys: one `name=key` a line, `#` comments.
     #[arg(long, env = "GATEWAY_ADMIN_KEYS_FILE", value_name = "FILE")]
@@ -87,6 +171,7 @@ pub struct Config {
     #[arg(
         long = "issuer",
         env = "GATEWAY_ISSUERS",
+        hide_env_values = true,
         value_name = "NAME=URL",
         value_delimiter = ' '
     )]
@@ -95,6 +180,20 @@ pub struct Config {
     /// with 503 issuer_unavailable (fail closed).
     #[arg(long, env = "GATEWAY_ISSUER_TIMEOUT", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub issuer_timeout: Duration,
+    /// Which issuer guards which pages: `PATTERN=ISSUER,...` (commas or
+    /// spaces), PATTERN a page id or a glob where `*` stands for any run of
+    /// characters; the first match wins. A page whose fence already names an
+    /// issuer (set by an admin, or by an access accepted under this rule)
+    /// keeps it. Every issuer named must be configured (--issuer). Fenced
+    /// accesses with another issuer's token: 409 issuer_mismatch. Ignored
+    /// with fencing off.
+    #[arg(long, env = "GATEWAY_PAGE_ISSUERS", value_name = "PATTERN=ISSUER,...")]
+    pub page_issuers: Option<String>,
+    /// The issuer of pages no --page-issuers pattern matches. Default: the
+    /// only configured issuer when exactly one is configured, else none (such
+    /// pages are refused 409 no_issuer_for_page until an admin fences them).
+    #[arg(long, env = "GATEWAY_DEFAULT_ISSUER", value_name = "ISSUER")]
+    pub default_issuer: Option<String>,
     /// Most HTTP connections served at once; more wait to be accepted.
     #[arg(long, env = "GATEWAY_MAX_CONNECTIONS", default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
@@ -149,12 +248,25 @@ impl Config {
             .map(|s| s.expose().parse::<IssuerSpec>())
             .collect::<Result<Vec<_>, _>>()
             .map_err(anyhow::Error::msg)?;
+        let page_issuers = match &self.page_issuers {
+            Some(list) => page_issuers::parse_list(list)
+                .map_err(|e| anyhow::anyhow!("GATEWAY_PAGE_ISSUERS (--page-issuers): {e}"))?,
+            None => Vec::new(),
+        };
+        let default_issuer = match self.default_issuer.as_deref().map(str::trim) {
+            Some(name) if !crate::issuers::valid_issuer_name(name) => anyhow::bail!(
+                "GATEWAY_DEFAULT_ISSUER (--default-issuer) {name:?}: must match [a-z0-9._:-]{{1,64}}"
+            ),
+            other => other.map(str::to_owned),
+        };
         let options = TrustOptions {
             auth: self.auth,
             writers,
             admins,
             issuers,
             issuer_timeout: self.issuer_timeout,
+            page_issuers,
+            default_issuer,
         };
         options.validate().map_err(anyhow::Error::msg)?;
         Ok(options)
@@ -213,6 +325,11 @@ pub struct GatewayOptions {
     pub trust: TrustOptions,
     pub serve: ServeOptions,
     pub deadlines: Deadlines,
+    /// Whether the spawn applies the migrations first, with its own URL (a
+    /// test's superuser database): [`crate::schema::migrate`], as `gateway
+    /// setup` would, without its grants. Off: it only checks the schema, as
+    /// the binary does (a URL of the gateway's own role).
+    pub migrate: bool,
     /// The first invalid key or issuer given, reported by the spawn.
     error: Option<String>,
 }
@@ -228,6 +345,7 @@ impl GatewayOptions {
             trust: TrustOptions::off(),
             serve: ServeOptions::default(),
             deadlines: Deadlines::default(),
+            migrate: true,
             error: None,
         }
     }
@@ -241,6 +359,7 @@ impl GatewayOptions {
             trust: config.trust_options()?,
             serve: config.serve_options(),
             deadlines: config.deadlines(),
+            migrate: false,
             error: None,
         })
     }
@@ -276,6 +395,28 @@ impl GatewayOptions {
             Ok(spec) => self.trust.issuers.push(spec),
             Err(e) => self.fail(e),
         }
+        self
+    }
+
+    /// `pages` (a page id, or a glob with `*`) are guarded by `issuer`
+    /// (`GATEWAY_PAGE_ISSUERS`; the first match wins).
+    pub fn page_issuer(mut self, pages: &str, issuer: &str) -> Self {
+        match format!("{pages}={issuer}").parse::<PageIssuer>() {
+            Ok(p) => self.trust.page_issuers.push(p),
+            Err(e) => self.fail(e),
+        }
+        self
+    }
+
+    /// The issuer of pages no pattern matches (`GATEWAY_DEFAULT_ISSUER`).
+    pub fn default_issuer(mut self, issuer: &str) -> Self {
+        self.trust.default_issuer = Some(issuer.to_owned());
+        self
+    }
+
+    /// Whether the spawn migrates first (default) or only checks the schema.
+    pub fn migrate(mut self, on: bool) -> Self {
+        self.migrate = on;
         self
     }
 
@@ -337,6 +478,9 @@ impl GatewayOptions {
             anyhow::bail!("{e}");
         }
         self.trust.validate().map_err(anyhow::Error::msg)?;
+        if self.fencing == FenceCheck::Enforce {
+            self.trust.page_rule().map_err(anyhow::Error::msg)?;
+        }
         Ok(self.trust.clone())
     }
 }

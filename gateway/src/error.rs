@@ -63,6 +63,15 @@ pub enum ErrorCode {
     StaleToken,
     /// 409: the page is fenced by another lock service.
     IssuerMismatch,
+    /// 409: no lock service guards this page: neither its row nor the
+    /// operator's rule names one.
+    NoIssuerForPage,
+    /// 409: the admin's fence is above what its issuer has minted (or the
+    /// issuer cannot say), and `force` was not set.
+    ForceRequired,
+    /// 409: the admin endpoint of a gateway with fencing off, which never
+    /// touches a fence.
+    FencingOff,
     /// 412: `If-Match` names another version.
     VersionMismatch,
     /// 413: the body is over 1 MiB.
@@ -106,7 +115,7 @@ pub enum Detail {
 
 impl ErrorCode {
     /// Every code, in the order of their statuses.
-    pub const ALL: [ErrorCode; 31] = [
+    pub const ALL: [ErrorCode; 34] = [
         Self::InvalidPageId,
         Self::InvalidFencingToken,
         Self::InvalidFencingIssuer,
@@ -129,6 +138,9 @@ impl ErrorCode {
         Self::TokenNotCurrent,
         Self::StaleToken,
         Self::IssuerMismatch,
+        Self::NoIssuerForPage,
+        Self::ForceRequired,
+        Self::FencingOff,
         Self::VersionMismatch,
         Self::BodyTooLarge,
         Self::UnsupportedMediaType,
@@ -165,6 +177,9 @@ impl ErrorCode {
             Self::TokenNotCurrent => "token_not_current",
             Self::StaleToken => "stale_token",
             Self::IssuerMismatch => "issuer_mismatch",
+            Self::NoIssuerForPage => "no_issuer_for_page",
+            Self::ForceRequired => "force_required",
+            Self::FencingOff => "fencing_off",
             Self::VersionMismatch => "version_mismatch",
             Self::BodyTooLarge => "body_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
@@ -199,7 +214,10 @@ impl ErrorCode {
             Self::UnknownIssuer
             | Self::TokenNotCurrent
             | Self::StaleToken
-            | Self::IssuerMismatch => StatusCode::CONFLICT,
+            | Self::IssuerMismatch
+            | Self::NoIssuerForPage
+            | Self::ForceRequired
+            | Self::FencingOff => StatusCode::CONFLICT,
             Self::VersionMismatch => StatusCode::PRECONDITION_FAILED,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -230,6 +248,12 @@ impl ErrorCode {
             Self::IssuerMismatch => &[
                 ("offered_issuer", Detail::Text),
                 ("current_issuer", Detail::Text),
+            ],
+            Self::NoIssuerForPage => &[("id", Detail::Text), ("offered_issuer", Detail::Text)],
+            Self::ForceRequired => &[
+                ("issuer", Detail::Text),
+                ("token", Detail::Token),
+                ("minted", Detail::TokenOrNull),
             ],
             Self::VersionMismatch => &[
                 ("expected_version", Detail::Version),
@@ -266,10 +290,13 @@ impl ErrorCode {
             Self::PageNotFound => "the page was never written (a fenced read of it still records its fence)",
             Self::NotFound => "no route for this path (e.g. an empty page id)",
             Self::MethodNotAllowed => "no such method on this path",
-            Self::UnknownIssuer => "Fencing-Issuer names no lock service this gateway checks tokens with",
+            Self::UnknownIssuer => "Fencing-Issuer (or the admin body's issuer) names no lock service this gateway checks tokens with",
             Self::TokenNotCurrent => "the issuer says the lock page:<id> is not held right now by this client with this token",
             Self::StaleToken => "the token is older than the page's fence: nothing written",
-            Self::IssuerMismatch => "the page is fenced by another lock service, whose tokens are not comparable with these",
+            Self::IssuerMismatch => "the page is guarded by another lock service (its fence's, or the one GATEWAY_PAGE_ISSUERS or GATEWAY_DEFAULT_ISSUER names for it), whose tokens are not comparable with these",
+            Self::NoIssuerForPage => "no lock service guards this page: its fence names none, and neither GATEWAY_PAGE_ISSUERS nor GATEWAY_DEFAULT_ISSUER names one for it; recorded, nothing written",
+            Self::ForceRequired => "the fence is above what the issuer says it has minted for the page's lock, or the issuer cannot say: send \"force\": true to set it anyway; nothing written",
+            Self::FencingOff => "this gateway runs with fencing off and never touches a page's fence: set it through a fenced gateway",
             Self::VersionMismatch => "If-Match names another version than the page's",
             Self::BodyTooLarge => "the body is larger than 1 MiB",
             Self::UnsupportedMediaType => "the body is not sent as Content-Type: application/json",
@@ -297,7 +324,7 @@ pub enum ApiError {
     #[error("this endpoint needs an admin key; a writer's key is not one")]
     Forbidden,
     /// 409 `unknown_issuer`: `Fencing-Issuer` is not a lock service this gateway checks tokens with.
-    #[error("this gateway checks fencing tokens with the issuers {known:?}; {issuer:?} is not one of them (send Fencing-Issuer with your lock service's name)")]
+    #[error("this gateway checks fencing tokens with the issuers {known:?}; {issuer:?} is not one of them (name your lock service as the gateway does)")]
     UnknownIssuer { issuer: String, known: Vec<String> },
     /// 409 `token_not_current`: the issuer says the lock is not held right now
     /// by this client with this token (guessed, copied, from the future, or expired).
@@ -319,10 +346,26 @@ pub enum ApiError {
         current: Token,
         issuer: String,
     },
-    /// 409 `issuer_mismatch`: the page is fenced by another lock service, whose
-    /// tokens are not comparable with these.
-    #[error("the page is fenced by issuer {current:?}, not {offered:?}; tokens of different lock services are not comparable")]
+    /// 409 `issuer_mismatch`: the page is guarded by another lock service,
+    /// whose tokens are not comparable with these.
+    #[error("the page is guarded by issuer {current:?}, not {offered:?}; tokens of different lock services are not comparable")]
     IssuerMismatch { offered: String, current: String },
+    /// 409 `no_issuer_for_page`: neither the page's fence nor the
+    /// operator's rule names the lock service that guards it.
+    #[error("no lock service is chosen for page {id:?}: the operator names one with GATEWAY_PAGE_ISSUERS or GATEWAY_DEFAULT_ISSUER, or sets the page's fence through the admin endpoint")]
+    NoIssuerForPage { id: String, offered: String },
+    /// 409 `force_required`: an admin's fence above what the issuer says it
+    /// has minted for the lock (`minted`), or the issuer cannot say (`None`),
+    /// without `force`.
+    #[error("{}", force_message(issuer, *token, *minted))]
+    ForceRequired {
+        issuer: String,
+        token: Token,
+        minted: Option<Token>,
+    },
+    /// 409 `fencing_off`: the admin endpoint of a gateway with fencing off.
+    #[error("this gateway runs with fencing off (GATEWAY_FENCING=off) and never touches a page's fence: set fences through a gateway that enforces fencing")]
+    FencingOff,
     /// 412 `version_mismatch`: `If-Match` names another version.
     #[error("If-Match expected version {expected}, but the page is at {}", current.map_or("no version (it does not exist)".to_string(), |v| format!("version {v}")))]
     VersionMismatch { expected: i64, current: Option<i64> },
@@ -406,6 +449,9 @@ impl ApiError {
             Self::IssuerUnavailable { .. } => ErrorCode::IssuerUnavailable,
             Self::StaleToken { .. } => ErrorCode::StaleToken,
             Self::IssuerMismatch { .. } => ErrorCode::IssuerMismatch,
+            Self::NoIssuerForPage { .. } => ErrorCode::NoIssuerForPage,
+            Self::ForceRequired { .. } => ErrorCode::ForceRequired,
+            Self::FencingOff => ErrorCode::FencingOff,
             Self::VersionMismatch { .. } => ErrorCode::VersionMismatch,
             Self::FencingTokenRequired => ErrorCode::FencingTokenRequired,
             Self::PageNotFound { .. } => ErrorCode::PageNotFound,
@@ -441,6 +487,14 @@ impl ApiError {
             Self::IssuerMismatch { offered, current } => {
                 json!({"offered_issuer": offered, "current_issuer": current})
             }
+            Self::NoIssuerForPage { id, offered } => json!({"id": id, "offered_issuer": offered}),
+            Self::ForceRequired {
+                issuer,
+                token,
+                minted,
+            } => {
+                json!({"issuer": issuer, "token": token, "minted": minted})
+            }
             Self::VersionMismatch { expected, current } => {
                 json!({"expected_version": expected, "current_version": current})
             }
@@ -455,6 +509,19 @@ impl ApiError {
             _ => Map::new(),
         }
     }
+}
+
+fn force_message(issuer: &str, token: Token, minted: Option<Token>) -> String {
+    let what = match minted {
+        Some(m) => format!("issuer {issuer:?} has minted at most token {m} for this page's lock"),
+        None => {
+            format!("issuer {issuer:?} cannot say which tokens it has minted for this page's lock")
+        }
+    };
+    format!(
+        "{what}: a fence of {token} could refuse every holder until the issuer's counter passes \
+         it. Send \"force\": true to set it anyway (the history records it)"
+    )
 }
 
 impl From<DbError> for ApiError {
@@ -587,6 +654,16 @@ mod tests {
                 offered: "a".into(),
                 current: "b".into(),
             },
+            ApiError::NoIssuerForPage {
+                id: "p".into(),
+                offered: "redis".into(),
+            },
+            ApiError::ForceRequired {
+                issuer: "redis".into(),
+                token,
+                minted: None,
+            },
+            ApiError::FencingOff,
             ApiError::VersionMismatch {
                 expected: 1,
                 current: None,
@@ -625,6 +702,9 @@ mod tests {
                 | ApiError::IssuerUnavailable { .. }
                 | ApiError::StaleToken { .. }
                 | ApiError::IssuerMismatch { .. }
+                | ApiError::NoIssuerForPage { .. }
+                | ApiError::ForceRequired { .. }
+                | ApiError::FencingOff
                 | ApiError::VersionMismatch { .. }
                 | ApiError::FencingTokenRequired
                 | ApiError::PageNotFound { .. }

@@ -23,9 +23,12 @@ use fencelock::redis::RedisLock;
 use fencelock::redis_sentinel::RedisSentinelLock;
 use fencelock::zookeeper::ZooKeeperLock;
 use fencelock::{Backend, Holder, HolderLookup, LockError};
+use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+use crate::secrets::{redact, scrub};
 
 /// Default for `--issuer-timeout`.
 pub const DEFAULT_ISSUER_TIMEOUT: Duration = Duration::from_millis(500);
@@ -62,7 +65,7 @@ pub struct IssuerSpec {
 
 impl fmt::Debug for IssuerSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={}", self.name, crate::redact(&self.url))
+        write!(f, "{}={}", self.name, redact(&self.url))
     }
 }
 
@@ -82,7 +85,7 @@ impl FromStr for IssuerSpec {
         let Some((name, url)) = s.trim().split_once('=') else {
             return Err(format!(
                 "issuer {:?}: expected NAME=URL, e.g. redis=redis://127.0.0.1:6379",
-                crate::redact(s)
+                redact(s)
             ));
         };
         let (name, url) = (name.trim(), url.trim());
@@ -134,16 +137,26 @@ impl FromStr for IssuerSpec {
     }
 }
 
+/// What follows `scheme://` and a userinfo, if any: the credentials are
+/// never part of a host list handed to a client library (which may log it).
+fn after_userinfo(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    }
+}
+
 /// `zookeeper://a:2181,b:2181/` to `a:2181,b:2181`.
 fn zookeeper_hosts(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    rest.trim_end_matches('/')
+    after_userinfo(url).trim_end_matches('/')
 }
 
 /// `redis-sentinel://a:26379,b:26379/mymaster` to (`[a:26379, b:26379]`,
 /// `mymaster`).
 fn sentinel_parts(url: &str) -> (Vec<String>, &str) {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = after_userinfo(url);
     let (hosts, master) = rest.split_once('/').unwrap_or((rest, ""));
     let sentinels = hosts
         .split(',')
@@ -255,17 +268,33 @@ impl Issuer {
         lock: &str,
         timeout: Duration,
     ) -> Result<Option<Holder>, Unavailable> {
+        self.ask(timeout, |lookup| {
+            Box::pin(async move { lookup.current_holder(lock).await })
+        })
+        .await
+    }
+
+    /// Ask `question` of the connected lookup within `timeout` (waiting,
+    /// within that same bound, for the first connection if it is being
+    /// made), e.g. [`HolderLookup::minted`]. Errors are scrubbed of the
+    /// issuer's URL and its secrets (a library's message may quote the URL
+    /// it was given).
+    pub async fn ask<'a, T>(
+        &self,
+        timeout: Duration,
+        question: impl FnOnce(Arc<dyn HolderLookup>) -> BoxFuture<'a, Result<T, LockError>>,
+    ) -> Result<T, Unavailable> {
         let mut state = self.state.clone();
+        let url = self.spec.url.as_str();
         let ask = async {
             let connection = state
                 .wait_for(|c| !matches!(c, Connection::Connecting { .. }))
                 .await
                 .map(|c| c.clone());
             match connection {
-                Ok(Connection::Ready(lookup)) => lookup
-                    .current_holder(lock)
+                Ok(Connection::Ready(lookup)) => question(lookup)
                     .await
-                    .map_err(|e| Unavailable::Failed(e.to_string())),
+                    .map_err(|e| Unavailable::Failed(scrub(&e.to_string(), url))),
                 Ok(Connection::Broken(e)) => Err(Unavailable::Failed(e)),
                 // The connecting task is gone (the gateway is shutting down).
                 Ok(Connection::Connecting { .. }) | Err(_) => {
@@ -299,26 +328,31 @@ async fn keep_connecting(spec: IssuerSpec, tx: watch::Sender<Connection>) {
                 format!("connecting took longer than {CONNECT_ATTEMPT:?}"),
             )),
         };
+        // The library's messages may quote the URL: scrubbed before they
+        // are logged or kept.
+        let url = redact(&spec.url);
         match result {
             Ok(lookup) => {
-                tracing::info!(issuer = %spec.name, url = %crate::redact(&spec.url), after_failures = failures, "connected to issuer");
+                tracing::info!(issuer = %spec.name, %url, after_failures = failures, "connected to issuer");
                 tx.send_replace(Connection::Ready(lookup));
                 return;
             }
             Err(LockError::InvalidConfig(e)) => {
+                let e = scrub(&e, &spec.url);
                 tracing::error!(issuer = %spec.name, "issuer URL is unusable, requests it fences will be answered 503: {e}");
                 tx.send_replace(Connection::Broken(format!("misconfigured: {e}")));
                 return;
             }
             Err(e) => {
+                let e = scrub(&e.to_string(), &spec.url);
                 failures += 1;
                 if failures == 1 {
-                    tracing::warn!(issuer = %spec.name, url = %crate::redact(&spec.url), error = %e, "issuer not reachable yet; requests it fences are answered 503 until it is (retrying)");
+                    tracing::warn!(issuer = %spec.name, %url, error = %e, "issuer not reachable yet; requests it fences are answered 503 until it is (retrying)");
                 } else {
                     tracing::debug!(issuer = %spec.name, error = %e, failures, "issuer still not reachable");
                 }
                 tx.send_replace(Connection::Connecting {
-                    last_error: Some(e.to_string()),
+                    last_error: Some(e),
                 });
             }
         }
@@ -413,6 +447,13 @@ mod tests {
             .unwrap();
         assert_eq!(spec.backend, Backend::LeasePostgres);
         assert!(!format!("{spec:?}").contains("secret"));
+        let spec: IssuerSpec = "zookeeper=zookeeper://u:pw@zk1:2181".parse().unwrap();
+        assert_eq!(zookeeper_hosts(&spec.url), "zk1:2181");
+        let spec: IssuerSpec = "rs=redis-sentinel://:pw@s1:26379/mymaster".parse().unwrap();
+        assert_eq!(
+            sentinel_parts(&spec.url),
+            (vec!["s1:26379".into()], "mymaster")
+        );
         let spec: IssuerSpec = "redis-sentinel=redis-sentinel://s1:26379,s2:26379/mymaster"
             .parse()
             .unwrap();

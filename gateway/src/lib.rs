@@ -18,14 +18,26 @@
 //!   exactly this token. A guessed, copied or future token is refused, so the
 //!   fence only moves to tokens that were really granted.
 //!
+//! The page database belongs to the gateway: `gateway setup` ([`setup`]),
+//! run once by the operator with the tables' owner's URL, applies the
+//! migrations and grants each role exactly its rights; the serving gateway
+//! only checks the schema ([`schema::check`]). A gateway with fencing off
+//! runs statements that never write a page's fence, under a role the
+//! database refuses it to.
+//!
 //! # Layout
 //! - `lib.rs`: [`AppState`], [`app`], [`serve`], [`migrate`], [`connect`] and
 //!   [`spawn`] / [`spawn_with_options`] (a whole gateway on a free port).
-//! - [`config`]: [`Config`] (the binary's flags) and [`GatewayOptions`] (the
-//!   same, in-process).
+//! - [`config`]: [`Cli`] and [`Config`] (the binary's flags) and
+//!   [`GatewayOptions`] (the same, in-process).
+//! - [`setup`]: `gateway setup`, the operator's step (migrations, grants,
+//!   lease tables). [`schema`]: the migrations and the serving gateway's
+//!   check of them.
 //! - [`trust`]: [`TrustOptions`] and [`Trust`]: what is checked, the start-up
 //!   rules and warnings. [`auth`]: API keys and the bearer check.
 //!   [`issuers`]: the lock services asked, connected in the background.
+//!   [`page_issuers`]: which of them guards which page.
+//! - [`secrets`]: [`redact`] and [`scrub`]: no password in a message or a log.
 //! - [`server`]: the accept loop (hyper, header-read timeout, connection cap,
 //!   graceful shutdown).
 //! - [`db`]: the connection pool requests use (tokio-postgres; one round trip
@@ -33,8 +45,9 @@
 //!   keepalive), and the multi-host `DATABASE_URL` that follows the primary.
 //! - [`store`]: the SQL. `sql/fenced_access.sql` is the statement of the
 //!   common case, `sql/fenced_access_locked.sql` and
-//!   `sql/fenced_access_insert.sql` its fallbacks; each carries its safety
-//!   argument in its header comment.
+//!   `sql/fenced_access_insert.sql` its fallbacks; `sql/unfenced_access.sql`
+//!   and `sql/unfenced_access_insert.sql` the same with fencing off; each
+//!   carries its safety argument in its header comment.
 //! - [`http`]: the routes by resource (pages, history, admin, health), each
 //!   with its `router()`; header and body validation ([`http::extractors`]);
 //!   the issuer check (`http/issuer_check.rs`, with why check-then-write is
@@ -58,16 +71,20 @@
 //!   (default `default`), `Client-Id` (optional; must be the key's client),
 //!   `If-Match`.
 //! - `POST /admin/pages/{id}/fence` with `Authorization: Bearer <admin key>`
-//!   and `{"issuer": "<name>"|null, "token": N|null, "reason": "..."}`: sets
-//!   (or, both null, clears) the page's fence; 200
-//!   `{"id","version","fence","previous_fence"}`. See docs/OPERATIONS.md.
+//!   and `{"issuer": "<name>"|null, "token": N|null, "reason": "...",
+//!   "force": bool}`: sets (or, both null, clears) the page's fence; 200
+//!   `{"id","version","fence","previous_fence"}`. The issuer must be
+//!   configured (409 `unknown_issuer`); a token above what it has minted for
+//!   the page's lock (or when it cannot say) needs `"force": true` (409
+//!   `force_required`). See docs/OPERATIONS.md.
 //! - `GET /pages/{id}/history?limit=N`: `{"id", "history": [{"seq","at","method",
 //!   "outcome","token","issuer","client_id","version","fence_token"}]}`, newest
 //!   first; `seq` increases in commit order. Outcomes: `accepted`, `stale`
 //!   (accepted with fencing off although older than the fence), `stale_token`,
-//!   `issuer_mismatch`, `version_mismatch`, `token_not_current` (refused by the
-//!   issuer; nothing else written), `fence_set` (an admin's change: method
-//!   `ADMIN`, client `admin:<name>`, with its `reason`). Requests refused before
+//!   `issuer_mismatch`, `no_issuer_for_page`, `version_mismatch`,
+//!   `token_not_current` (refused by the issuer; nothing else written),
+//!   `fence_set` (an admin's change: method `ADMIN`, client `admin:<name>`,
+//!   with its `reason` and `force`). Requests refused before
 //!   reaching a page (400, 401, 403, 413, 415, 428, 409 `unknown_issuer`, 503)
 //!   leave no history.
 //! - `GET /pages`, `GET /healthz`, `GET /readyz`, `GET /metrics`: public.
@@ -97,7 +114,11 @@ pub mod http;
 pub mod issuers;
 pub mod metrics;
 pub mod openapi;
+pub mod page_issuers;
+pub mod schema;
+pub mod secrets;
 pub mod server;
+pub mod setup;
 pub mod store;
 pub mod trust;
 
@@ -119,9 +140,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::AuthMode;
-pub use config::{Config, GatewayOptions};
+pub use config::{Cli, Command, Config, GatewayOptions};
 pub use error::ApiError;
 pub use metrics::Metrics;
+pub use secrets::{redact, scrub};
 pub use server::{serve_with, ServeOptions};
 pub use trust::{Trust, TrustOptions};
 
@@ -189,8 +211,7 @@ impl AppState {
     /// names several hosts with `target_session_attrs=read-write` (see
     /// [`db`]); this is for a state whose pool was made for another URL.
     pub fn following(mut self, database_url: &str) -> anyhow::Result<Self> {
-        self.db = Db::new(database_url, *self.db.options())
-            .with_context(|| format!("database URL {}", redact(database_url)))?;
+        self.db = request_pool(database_url, *self.db.options())?;
         Ok(self)
     }
 }
@@ -201,25 +222,34 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// Apply the migrations in `migrations/postgres` (idempotent; safe to run from
-/// several processes at once, sqlx takes an advisory lock).
+/// several processes at once, sqlx takes an advisory lock): needs the
+/// tables' owner, as `gateway setup` runs it ([`schema::migrate`]).
 pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
-    sqlx::migrate!("../migrations/postgres")
-        .run(db)
-        .await
-        .context("run migrations")
+    schema::migrate(db).await
 }
 
 /// The request pool for `database_url` with `max_connections` and the
 /// default checks ([`PoolOptions::default`]). Opens nothing yet.
 pub fn connect_db(database_url: &str, max_connections: u32) -> anyhow::Result<Db> {
-    Db::new(
+    request_pool(
         database_url,
         PoolOptions {
             max_connections,
             ..PoolOptions::default()
         },
     )
-    .with_context(|| format!("database URL {}", redact(database_url)))
+}
+
+/// The request pool ([`Db::new`]); its error names the URL without its
+/// secrets.
+pub fn request_pool(database_url: &str, options: PoolOptions) -> anyhow::Result<Db> {
+    Db::new(database_url, options).map_err(|e| {
+        anyhow::anyhow!(
+            "database URL {}: {}",
+            redact(database_url),
+            scrub(&e.to_string(), database_url)
+        )
+    })
 }
 
 /// An sqlx pool, for [`migrate`] (requests use [`Db`]): fails fast (2 s to
@@ -231,32 +261,51 @@ pub fn pool_options(max_connections: u32) -> PgPoolOptions {
         .test_before_acquire(false)
 }
 
-/// Connect an sqlx pool once (no retry), for [`migrate`]. With several hosts
-/// (see [`db`]), to the one that accepts writes now.
+/// Connect an sqlx pool once (no retry), for [`migrate`] and the schema
+/// check. With several hosts (see [`db`]), to the one that accepts writes
+/// now. Errors name the URL without its secrets.
 pub async fn connect(database_url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
-    let target = db::Db::from_url(database_url, 1)
-        .with_context(|| format!("database URL {}", redact(database_url)))?
-        .writable_target()
-        .await
-        .with_context(|| format!("connect to {}", redact(database_url)))?;
-    pool_options(max_connections)
-        .connect_with(target)
-        .await
-        .with_context(|| format!("connect to {}", redact(database_url)))
+    let connected = async {
+        let target = request_pool(database_url, PoolOptions::default())?
+            .writable_target()
+            .await?;
+        Ok::<_, anyhow::Error>(pool_options(max_connections).connect_with(target).await?)
+    };
+    connected.await.map_err(|e| {
+        anyhow::anyhow!(
+            "connect to {}: {}",
+            redact(database_url),
+            scrub(&format!("{e:#}"), database_url)
+        )
+    })
 }
 
-/// The URL without its password, for logs.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
+/// [`connect`], retried with a growing pause while the database is not up,
+/// for `patience` in all (compose may start us first).
+pub async fn connect_patiently(database_url: &str, patience: Duration) -> anyhow::Result<PgPool> {
+    let start = std::time::Instant::now();
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match connect(database_url, 1).await {
+            Ok(db) => return Ok(db),
+            Err(e) if start.elapsed() < patience => {
+                tracing::warn!(error = %format!("{e:#}"), retry_in = ?delay, "database not reachable yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
             }
+            Err(e) if patience.is_zero() => return Err(e),
+            Err(e) => return Err(e.context(format!("gave up after {patience:?}"))),
         }
-        _ => url.to_owned(),
     }
+}
+
+/// The serving gateway's start: the schema must be this version's (read
+/// only: its role cannot migrate; `gateway setup` does).
+pub async fn check_schema(database_url: &str, patience: Duration) -> anyhow::Result<()> {
+    let db = connect_patiently(database_url, patience).await?;
+    let checked = schema::check(&db).await;
+    db.close().await;
+    checked.map_err(|e| anyhow::anyhow!("{}", scrub(&e.to_string(), database_url)))
 }
 
 /// Serve until `shutdown` completes, then drain in-flight requests; with the
@@ -313,8 +362,10 @@ impl Drop for RunningGateway {
 }
 
 /// Connect, migrate, bind 127.0.0.1:0 and serve in a task: a whole gateway
-/// for tests and benchmarks. Authentication off and no issuer checks (the
-/// gateway without authentication); see [`spawn_with_options`] for keys and issuers.
+/// for tests and benchmarks, on a database whose URL may migrate it (a
+/// superuser's or the owner's). Authentication off and no issuer checks (the
+/// gateway without authentication); see [`spawn_with_options`] for keys and
+/// issuers, and for a gateway on its own role ([`GatewayOptions::migrate`]).
 pub async fn spawn(database_url: &str, fencing: FenceCheck) -> anyhow::Result<RunningGateway> {
     spawn_with_options(database_url, GatewayOptions::new(fencing)).await
 }
@@ -334,20 +385,27 @@ pub async fn spawn_with(
 
 /// A whole gateway with keys, issuers and limits, on 127.0.0.1 and a free
 /// port. Fails like the binary on a bad configuration (no key while
-/// authentication is required, a malformed key or issuer). Issuers are
-/// connected in the background: one that is down answers 503 until it is up.
+/// authentication is required, a malformed key or issuer, a page issuer not
+/// configured). Issuers are connected in the background: one that is down
+/// answers 503 until it is up. Migrates first with `database_url` unless
+/// [`GatewayOptions::migrate`] is off; then it checks the schema, as the
+/// binary does.
 pub async fn spawn_with_options(
     database_url: &str,
     options: GatewayOptions,
 ) -> anyhow::Result<RunningGateway> {
     let trust =
         Trust::start(options.checked_trust()?, options.fencing).map_err(anyhow::Error::msg)?;
-    // sqlx runs the migrations on a connection of its own, then goes.
-    let migrations = connect(database_url, 1).await?;
-    migrate(&migrations).await?;
-    migrations.close().await;
-    let db = Db::new(database_url, options.pool_options_resolved())
-        .with_context(|| format!("database URL {}", redact(database_url)))?;
+    if options.migrate {
+        // sqlx runs the migrations on a connection of its own, then goes.
+        let migrations = connect(database_url, 1).await?;
+        let migrated = migrate(&migrations).await;
+        migrations.close().await;
+        migrated?;
+    } else {
+        check_schema(database_url, Duration::ZERO).await?;
+    }
+    let db = request_pool(database_url, options.pool_options_resolved())?;
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
     // Db::new follows the primary of a multi-host URL itself.
@@ -362,16 +420,4 @@ pub async fn spawn_with_options(
         stop: Some(stop),
         task: Some(task),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            super::redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(super::redact("postgres://u@h/db"), "postgres://u@h/db");
-    }
 }

@@ -1,11 +1,13 @@
-//! The gateway binary: configuration, tracing, pool, migrations, then serve.
-//! Everything else is in the library, where the tests reach it.
+//! The gateway binary: configuration, tracing, then `serve` (the default:
+//! schema check, pool, serve) or `setup` (the operator's step). Everything
+//! else is in the library, where the tests reach it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use gateway::{AppState, Config, Trust};
+use gateway::setup::SetupConfig;
+use gateway::{AppState, Cli, Command, Config, Trust};
 use tracing_subscriber::EnvFilter;
 
 /// How long to wait for PostgreSQL at startup (compose may start us first).
@@ -13,7 +15,7 @@ const CONNECT_PATIENCE: Duration = Duration::from_secs(60);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = Config::parse();
+    let command = Cli::parse().command();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()
@@ -21,7 +23,32 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
+    match command {
+        Command::Serve(config) => serve(config).await,
+        Command::Setup(config) => setup(config).await,
+    }
+}
 
+/// A configuration mistake, not a crash: the message, no backtrace.
+fn refuse(e: impl std::fmt::Display) -> ! {
+    eprintln!("gateway: {e:#}");
+    std::process::exit(2);
+}
+
+async fn setup(config: SetupConfig) -> anyhow::Result<()> {
+    let options = config.options(CONNECT_PATIENCE);
+    match gateway::setup::run(config.database_url.expose(), &options).await {
+        Ok(report) => {
+            for step in report.steps {
+                println!("{step}");
+            }
+            Ok(())
+        }
+        Err(e) => refuse(format!("setup: {e:#}")),
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
     // Keys and issuers first: a bad configuration fails at once, before the
     // (possibly long) wait for the database. Issuers connect in the
     // background: one that is down does not keep the gateway from starting.
@@ -30,19 +57,14 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|o| Trust::start(o, config.fencing).map_err(anyhow::Error::msg))
     {
         Ok(trust) => trust,
-        Err(e) => {
-            // A configuration mistake, not a crash: the message, no backtrace.
-            eprintln!("gateway: {e:#}");
-            std::process::exit(2);
-        }
+        Err(e) => refuse(e),
     };
-    // sqlx applies the migrations on a connection of its own; requests use
-    // the gateway's pool (gateway::Db), opened lazily.
-    let migrations = connect_with_retry(&config).await?;
-    gateway::migrate(&migrations).await?;
-    migrations.close().await;
-    let db =
-        gateway::Db::new(&config.database_url, config.pool_options()).context("database URL")?;
+    let database_url = config.database_url.expose();
+    // Read only: the gateway's role cannot migrate; `gateway setup` does.
+    if let Err(e) = gateway::check_schema(database_url, CONNECT_PATIENCE).await {
+        refuse(e);
+    }
+    let db = gateway::request_pool(database_url, config.pool_options())?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("bind {}", config.listen))?;
@@ -66,22 +88,6 @@ async fn main() -> anyhow::Result<()> {
     db.close();
     tracing::info!("stopped");
     Ok(())
-}
-
-async fn connect_with_retry(config: &Config) -> anyhow::Result<sqlx::PgPool> {
-    let start = Instant::now();
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match gateway::connect(&config.database_url, 1).await {
-            Ok(db) => return Ok(db),
-            Err(e) if start.elapsed() < CONNECT_PATIENCE => {
-                tracing::warn!(error = %format!("{e:#}"), retry_in = ?delay, "database not reachable yet");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => return Err(e.context(format!("gave up after {CONNECT_PATIENCE:?}"))),
-        }
-    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM; the server then drains in-flight requests.

@@ -394,7 +394,8 @@ fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> T {
 
 /// `POST /admin/pages/{id}/fence`'s body: `issuer` and `token` both set, or
 /// both `null` or left out (else 400 `invalid_fence`); `reason` 1 to 1000
-/// characters once trimmed, no NUL (else 400 `invalid_reason`).
+/// characters once trimmed, no NUL (else 400 `invalid_reason`); `force`
+/// optional.
 pub fn fence_body_schema() -> RefOr<Schema> {
     // What `str::trim` takes away: Unicode's White_Space, spelled out, since
     // `\s` means other sets in other regex engines (Python's adds U+001C to
@@ -406,6 +407,12 @@ pub fn fence_body_schema() -> RefOr<Schema> {
         "maxLength": 1000,
         "pattern": format!("^[^\\u0000]*[^\\u0000{WHITE_SPACE}][^\\u0000]*$"),
         "description": "Why: 1 to 1000 characters, not only spaces, no NUL. The history keeps it.",
+    });
+    let force = json!({
+        "type": "boolean",
+        "default": false,
+        "description": "Set a token above what the issuer says it has minted for the page's \
+            lock (or when it cannot say): otherwise 409 `force_required`. The history records it.",
     });
     from_json(json!({
         "description": "The fence an admin sets: `issuer` and `token` together, or both `null` \
@@ -422,6 +429,7 @@ pub fn fence_body_schema() -> RefOr<Schema> {
                     },
                     "token": {"type": "integer", "format": "int64", "minimum": 0},
                     "reason": reason,
+                    "force": force,
                 },
                 "required": ["issuer", "token", "reason"],
                 "additionalProperties": false,
@@ -433,6 +441,7 @@ pub fn fence_body_schema() -> RefOr<Schema> {
                     "issuer": {"type": "null"},
                     "token": {"type": "null"},
                     "reason": reason,
+                    "force": force,
                 },
                 "required": ["reason"],
                 "additionalProperties": false,
@@ -529,7 +538,10 @@ fn fencing_issuer() -> Parameter {
         "The lock service that issued the token, as this gateway names it \
          (`--issuer NAME=URL`): `[a-z0-9._:-]{1,64}`, default `default`. Not one it \
          checks tokens with: 409 `unknown_issuer`. Tokens of different issuers are not \
-         comparable: a page fenced by another issuer answers 409 `issuer_mismatch`.",
+         comparable: each page is guarded by one issuer (its fence's, else the one the \
+         operator's `--page-issuers` / `--default-issuer` names for it), and a token of \
+         another answers 409 `issuer_mismatch`; a page no rule names one for, 409 \
+         `no_issuer_for_page`.",
         json!({"type": "string", "pattern": "^[a-z0-9._:-]{1,64}$", "default": "default"}),
         json!("redis"),
     )

@@ -1,11 +1,13 @@
 //! What the gateway trusts: which keys may write ([`crate::auth`]), which lock
-//! services' tokens it checks ([`crate::issuers`]), and the start-up rules and
-//! warnings that go with them.
+//! services' tokens it checks ([`crate::issuers`]), which of them guards each
+//! page ([`crate::page_issuers`]), and the start-up rules and warnings that
+//! go with them.
 
 use std::time::Duration;
 
 use crate::auth::{AuthMode, KeyRing};
 use crate::issuers::{IssuerSpec, Issuers, DEFAULT_ISSUER_TIMEOUT};
+use crate::page_issuers::{PageIssuer, PageIssuers};
 use crate::FenceCheck;
 
 /// The trust settings, parsed and validated but not started (no connection
@@ -21,6 +23,10 @@ pub struct TrustOptions {
     pub issuers: Vec<IssuerSpec>,
     /// How long an issuer may take to answer before 503 `issuer_unavailable`.
     pub issuer_timeout: Duration,
+    /// `GATEWAY_PAGE_ISSUERS`: the issuer of the pages each pattern matches.
+    pub page_issuers: Vec<PageIssuer>,
+    /// `GATEWAY_DEFAULT_ISSUER`; unset: the only configured issuer, if one.
+    pub default_issuer: Option<String>,
 }
 
 impl TrustOptions {
@@ -32,7 +38,19 @@ impl TrustOptions {
             admins: KeyRing::new(),
             issuers: Vec::new(),
             issuer_timeout: DEFAULT_ISSUER_TIMEOUT,
+            page_issuers: Vec::new(),
+            default_issuer: None,
         }
+    }
+
+    /// The page issuers' rule: every issuer it names must be configured.
+    pub fn page_rule(&self) -> Result<PageIssuers, String> {
+        let configured: Vec<&str> = self.issuers.iter().map(|s| s.name.as_str()).collect();
+        PageIssuers::new(
+            &configured,
+            self.page_issuers.clone(),
+            self.default_issuer.clone(),
+        )
     }
 
     /// The rules that make the gateway refuse to start.
@@ -78,6 +96,8 @@ pub struct Trust {
     pub admins: KeyRing,
     /// Empty when none is configured or fencing is off (then nothing is asked).
     pub issuers: Issuers,
+    /// Which issuer guards a page whose fence names none (fencing enforced).
+    pub page_issuers: PageIssuers,
 }
 
 impl Trust {
@@ -88,31 +108,40 @@ impl Trust {
             writers: KeyRing::new(),
             admins: KeyRing::new(),
             issuers: Issuers::none(),
+            page_issuers: PageIssuers::FirstAccess,
         }
     }
 
     /// Validate `options`, log what is (and is not) checked, and start
     /// connecting to the issuers in the background, unless fencing is off:
-    /// then no token is checked at all, with issuers or not. Needs a tokio
-    /// runtime.
+    /// then no token is checked at all, with issuers or not, and no page
+    /// has an issuer to choose. Needs a tokio runtime.
     pub fn start(options: TrustOptions, fencing: FenceCheck) -> Result<Self, String> {
         options.validate()?;
-        log_startup(&options, fencing);
-        let issuers = match fencing {
-            FenceCheck::Enforce => Issuers::start(&options.issuers, options.issuer_timeout)?,
-            FenceCheck::Off => Issuers::none(),
+        let (issuers, page_issuers) = match fencing {
+            FenceCheck::Enforce => {
+                let rule = options.page_rule()?;
+                log_startup(&options, fencing, Some(&rule));
+                let issuers = Issuers::start(&options.issuers, options.issuer_timeout)?;
+                (issuers, rule)
+            }
+            FenceCheck::Off => {
+                log_startup(&options, fencing, None);
+                (Issuers::none(), PageIssuers::FirstAccess)
+            }
         };
         Ok(Trust {
             auth: options.auth,
             writers: options.writers,
             admins: options.admins,
             issuers,
+            page_issuers,
         })
     }
 }
 
 /// The start-up log: loud where something is not checked.
-fn log_startup(o: &TrustOptions, fencing: FenceCheck) {
+fn log_startup(o: &TrustOptions, fencing: FenceCheck, rule: Option<&PageIssuers>) {
     match o.auth {
         AuthMode::Required => tracing::info!(
             writers = ?o.writers,
@@ -161,6 +190,22 @@ fn log_startup(o: &TrustOptions, fencing: FenceCheck) {
                 }
             }
         }
+    }
+    match rule {
+        Some(PageIssuers::Chosen { patterns, default }) => {
+            let patterns: Vec<String> = patterns.iter().map(ToString::to_string).collect();
+            tracing::info!(?patterns, ?default, "page issuers: the first matching pattern, else the default; a page whose fence names an issuer keeps it");
+            if default.is_none() {
+                tracing::warn!("no default issuer (GATEWAY_DEFAULT_ISSUER): fenced accesses of pages no pattern matches, and that are not fenced yet, are refused 409 no_issuer_for_page");
+            }
+        }
+        Some(PageIssuers::FirstAccess) => {
+            tracing::warn!("no issuer configured: a page's first fenced access chooses its issuer")
+        }
+        None if !o.page_issuers.is_empty() || o.default_issuer.is_some() => tracing::warn!(
+            "fencing is off: GATEWAY_PAGE_ISSUERS and GATEWAY_DEFAULT_ISSUER are ignored"
+        ),
+        None => {}
     }
     if o.auth == AuthMode::Off && fencing == FenceCheck::Enforce && !o.issuers.is_empty() {
         tracing::warn!(

@@ -117,6 +117,10 @@ pub enum GatewayError {
         known: Vec<String>,
         message: String,
     },
+    /// 409 `no_issuer_for_page`: the gateway's operator has named no lock
+    /// service for this page. A configuration error (the gateway's).
+    #[error("409 no_issuer_for_page: {message}")]
+    NoIssuerForPage { message: String },
     /// 401 `unauthorized`: no API key, or one the gateway does not know. A
     /// configuration error.
     #[error("401 unauthorized: {message}")]
@@ -185,7 +189,8 @@ impl GatewayError {
             | GatewayError::TokenNotCurrent { .. } => Remedy::LockMovedOn,
             GatewayError::Unauthorized { .. }
             | GatewayError::Forbidden { .. }
-            | GatewayError::UnknownIssuer { .. } => Remedy::Reconfigure,
+            | GatewayError::UnknownIssuer { .. }
+            | GatewayError::NoIssuerForPage { .. } => Remedy::Reconfigure,
             GatewayError::VersionMismatch { .. }
             | GatewayError::OutcomeUnknown { .. }
             | GatewayError::Http { .. }
@@ -217,6 +222,7 @@ impl GatewayError {
             GatewayError::IssuerMismatch { .. } => (409, "issuer_mismatch"),
             GatewayError::TokenNotCurrent { .. } => (409, "token_not_current"),
             GatewayError::UnknownIssuer { .. } => (409, "unknown_issuer"),
+            GatewayError::NoIssuerForPage { .. } => (409, "no_issuer_for_page"),
             GatewayError::Unauthorized { .. } => (401, "unauthorized"),
             GatewayError::Forbidden { code, .. } if code == "client_id_mismatch" => {
                 (403, "client_id_mismatch")
@@ -428,6 +434,7 @@ fn parse_error(status: StatusCode, text: &str, fence: Option<&OfferedToken>) -> 
             message,
         },
         (409, "issuer_mismatch") => GatewayError::IssuerMismatch { message },
+        (409, "no_issuer_for_page") => GatewayError::NoIssuerForPage { message },
         (409, "token_not_current") => GatewayError::TokenNotCurrent {
             issuer: string_at(&v, "issuer")
                 .or(fence.map(|f| f.issuer.clone()))
@@ -506,6 +513,23 @@ mod tests {
             }
         );
         assert!(err.is_fence_rejection());
+    }
+
+    #[test]
+    fn a_page_without_an_issuer_is_the_gateways_configuration_to_fix() {
+        let err = parse_error(
+            StatusCode::CONFLICT,
+            r#"{"error":"no_issuer_for_page","message":"no lock service is chosen","id":"p","offered_issuer":"redis"}"#,
+            None,
+        );
+        assert_eq!(
+            err,
+            GatewayError::NoIssuerForPage {
+                message: "no lock service is chosen".into()
+            }
+        );
+        assert!(err.is_config_error());
+        assert_eq!(err.status_and_code(), (409, "no_issuer_for_page"));
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub enum RunError {
     #[error("the gateway client could not be built: {0}")]
     Gateway(#[from] GatewayError),
     /// The gateway refused us for a reason no retry can fix (401, 403,
-    /// `unknown_issuer`); the lock was released first.
+    /// `unknown_issuer`, `no_issuer_for_page`); the lock was released first.
     #[error("{}", misconfigured_message(error, client_id, *has_key))]
     Refused {
         error: GatewayError,
@@ -111,6 +111,11 @@ fn misconfigured_message(error: &GatewayError, client_id: &str, has_key: bool) -
             } else {
                 known.join(", ")
             }
+        ),
+        GatewayError::NoIssuerForPage { message } => format!(
+            "the gateway names no lock service for this page (409 no_issuer_for_page: \
+             {message}): its operator adds the page to GATEWAY_PAGE_ISSUERS or sets \
+             GATEWAY_DEFAULT_ISSUER to our backend"
         ),
         other => format!("the gateway refused us for good: {other}"),
     }

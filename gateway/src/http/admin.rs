@@ -1,5 +1,7 @@
 //! The admin endpoint: `POST /admin/pages/{id}/fence`, the way back when a
-//! page's fence is above what its issuer can grant.
+//! page's fence is above what its issuer can grant, and the operator's way
+//! to choose a page's issuer. It sets only fences its issuer can reach: a
+//! configured issuer, and a token it has minted, unless the admin forces it.
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -10,11 +12,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorCode};
-use crate::issuers::valid_issuer_name;
+use crate::issuers::{lock_name, valid_issuer_name};
 use crate::metrics::Outcome;
 use crate::openapi::{self, errors, PageIdParam};
 use crate::store::{self, Fence};
-use crate::AppState;
+use crate::{AppState, FenceCheck};
 
 use super::extractors::{Admin, JsonBody, PageId};
 use super::sorted_json;
@@ -25,7 +27,8 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
 }
 
 /// The fence an admin sets: `issuer` and `token` together, or both `null`
-/// (or left out) to clear it; and why. Its schema is written by hand
+/// (or left out) to clear it; and why; `force` to set a token above what
+/// the issuer has minted. Its schema is written by hand
 /// ([`openapi::fence_body_schema`]): "both or neither" is not a field's type.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,6 +37,8 @@ pub struct FenceBody {
     #[serde(default, deserialize_with = "json_token")]
     token: Option<Token>,
     reason: String,
+    #[serde(default)]
+    force: bool,
 }
 
 /// A token in a JSON body: an integer from 0 to 2^63-1, or `null`. JSON
@@ -94,8 +99,12 @@ errors!(
         Forbidden,
         PageNotFound,
         NotFound,
+        UnknownIssuer,
+        ForceRequired,
+        FencingOff,
         BodyTooLarge,
         UnsupportedMediaType,
+        IssuerUnavailable,
         DatabaseUnavailable,
     ]
 );
@@ -103,9 +112,16 @@ errors!(
 /// Set (lower, clear) a page's fence: admins only.
 ///
 /// The way back when a page's fence is above what its issuer can grant (a
-/// lock service that lost its counter); see docs/OPERATIONS.md. Audited by
-/// a history row (method `ADMIN`, outcome `fence_set`, client `admin:<name>`,
-/// the reason). Lowering a fence re-opens what it closed.
+/// lock service that lost its counter), and the way to choose a page's
+/// issuer; see docs/OPERATIONS.md. The issuer must be one this gateway
+/// checks tokens with (409 `unknown_issuer`). The token must not be above
+/// what the issuer says it has minted for the page's lock, unless `force`
+/// is set (409 `force_required`; also when the issuer cannot say): such a
+/// fence refuses every holder until the issuer's counter passes it; the
+/// issuer is not asked when `force` is set. Audited by a history row
+/// (method `ADMIN`, outcome `fence_set`, client `admin:<name>`, the reason,
+/// `force`). Lowering a fence re-opens what it closed. A gateway with
+/// fencing off answers 409 `fencing_off`.
 #[utoipa::path(
     post,
     path = "/admin/pages/{id}/fence",
@@ -132,6 +148,9 @@ async fn admin_set_fence(
     PageId(id): PageId,
     JsonBody(body): JsonBody<FenceBody>,
 ) -> Result<Response, ApiError> {
+    if state.fencing == FenceCheck::Off {
+        return Err(ApiError::FencingOff);
+    }
     let reason = body.reason.trim();
     if reason.is_empty() || reason.chars().count() > 1000 || reason.contains('\0') {
         return Err(ApiError::bad_request(
@@ -155,8 +174,11 @@ async fn admin_set_fence(
             "issuer and token go together: give both to set the fence, or null both to clear it",
         )),
     };
+    if let Some(fence) = &fence {
+        check_reachable(&state, &id, fence, body.force).await?;
+    }
     let client = format!("admin:{admin}");
-    let set = store::set_fence(&state.db, &id, fence.as_ref(), &client, reason)
+    let set = store::set_fence(&state.db, &id, fence.as_ref(), &client, reason, body.force)
         .await?
         .ok_or(ApiError::PageNotFound {
             id: id.clone(),
@@ -172,4 +194,49 @@ async fn admin_set_fence(
     let mut response = sorted_json(&reply)?.into_response();
     response.extensions_mut().insert(Outcome("fence_set"));
     Ok(response)
+}
+
+/// A fence the issuer can reach: a configured issuer (any, on a gateway
+/// that checks tokens with none), and, unless `force`, a token it says it
+/// has minted for the page's lock.
+async fn check_reachable(
+    state: &AppState,
+    id: &str,
+    fence: &Fence,
+    force: bool,
+) -> Result<(), ApiError> {
+    let issuers = &state.trust.issuers;
+    let issuer = match issuers.get(&fence.issuer) {
+        Some(issuer) => Some(issuer),
+        None if issuers.is_empty() => None,
+        None => {
+            return Err(ApiError::UnknownIssuer {
+                issuer: fence.issuer.clone(),
+                known: issuers.names(),
+            })
+        }
+    };
+    if force {
+        return Ok(());
+    }
+    let minted = match issuer {
+        Some(issuer) => issuer
+            .ask(issuers.timeout(), |lookup| {
+                Box::pin(async move { lookup.minted(&lock_name(id)).await })
+            })
+            .await
+            .map_err(|e| ApiError::IssuerUnavailable {
+                issuer: fence.issuer.clone(),
+                detail: e.to_string(),
+            })?,
+        None => None,
+    };
+    match minted {
+        Some(m) if fence.token <= m => Ok(()),
+        _ => Err(ApiError::ForceRequired {
+            issuer: fence.issuer.clone(),
+            token: fence.token,
+            minted,
+        }),
+    }
 }

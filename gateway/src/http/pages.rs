@@ -59,7 +59,15 @@ fn rejection(verdict: Verdict, access: &Access, row: &store::Row) -> Option<ApiE
         }),
         Verdict::IssuerMismatch => Some(ApiError::IssuerMismatch {
             offered: access.issuer.clone(),
-            current: fence.map(|f| f.issuer).unwrap_or_default(),
+            // The fence's, or, on a page not fenced yet, the rule's.
+            current: fence
+                .map(|f| f.issuer)
+                .or_else(|| access.page_issuer.clone())
+                .unwrap_or_default(),
+        }),
+        Verdict::NoIssuerForPage => Some(ApiError::NoIssuerForPage {
+            id: access.id.clone(),
+            offered: access.issuer.clone(),
         }),
         Verdict::VersionMismatch => Some(ApiError::VersionMismatch {
             expected: access.if_match.unwrap_or_default(),
@@ -87,14 +95,20 @@ async fn fenced(
 ) -> Result<(Access, Verdict, store::Row), ApiError> {
     let method = if write.is_some() { "PUT" } else { "GET" };
     check_with_issuer(state, &id, method, &h).await?;
+    let enforce = state.fencing == FenceCheck::Enforce;
+    let page_issuer = match enforce {
+        true => state.trust.page_issuers.issuer_for(&id, &h.issuer),
+        false => None,
+    };
     let access = Access {
+        page_issuer: page_issuer.map(str::to_owned),
         id,
         // A GET is not conditional: its If-Match is checked for its form only.
         if_match: if write.is_some() { h.if_match } else { None },
         write,
         token: h.token,
         issuer: h.issuer,
-        enforce: state.fencing == FenceCheck::Enforce,
+        enforce,
         client_id: h.client_id,
     };
     let (access, verdict, row) = run_fenced(state, access, sent).await?;
@@ -120,6 +134,7 @@ errors!(
         TokenNotCurrent,
         StaleToken,
         IssuerMismatch,
+        NoIssuerForPage,
         IssuerUnavailable,
         DatabaseUnavailable,
         OutcomeUnknown,
@@ -134,7 +149,8 @@ errors!(
 /// an older holder's late write is refused afterwards); it is recorded in the
 /// history. A fenced read of a page never written still records its fence
 /// (404 `page_not_found` with the fence). `If-Match` is checked for its form
-/// only: a GET is not conditional.
+/// only: a GET is not conditional. With fencing off it is recorded and
+/// moves nothing.
 #[utoipa::path(
     get,
     path = "/pages/{id}",
@@ -198,6 +214,7 @@ errors!(
         TokenNotCurrent,
         StaleToken,
         IssuerMismatch,
+        NoIssuerForPage,
         VersionMismatch,
         BodyTooLarge,
         UnsupportedMediaType,
@@ -212,9 +229,13 @@ errors!(
 ///
 /// Needs a writer's key. With fencing enforced it needs `Fencing-Token`
 /// (428 otherwise); the token's issuer must say it is current, for this
-/// client (409 `token_not_current`), and it must not be older than the
-/// page's fence (409 `stale_token`): the check, the write and the history
-/// row are one SQL statement. 201 when the write created the page, 200 after.
+/// client (409 `token_not_current`), it must be the page's issuer (409
+/// `issuer_mismatch`; the page's fence names it, else the operator's
+/// `GATEWAY_PAGE_ISSUERS` / `GATEWAY_DEFAULT_ISSUER`, else 409
+/// `no_issuer_for_page`), and it must not be older than the page's fence
+/// (409 `stale_token`): the check, the write and the history row are one
+/// SQL statement. 201 when the write created the page, 200 after. With
+/// fencing off the page's fence is neither checked nor moved.
 #[utoipa::path(
     put,
     path = "/pages/{id}",

@@ -313,28 +313,6 @@ async fn every_bad_input_gets_its_status_and_json_code_and_writes_nothing() {
 }
 
 #[tokio::test]
-async fn with_fencing_off_stale_writes_land_but_history_marks_them_stale() {
-    let (_gw, api, _) = gateway(FenceCheck::Off).await;
-    api.put("p", "no token", &[]).await.expect(201);
-    api.put_fenced("p", "new holder", 34).await.expect(200);
-    let late = api.put_fenced("p", "old holder", 33).await.expect(200);
-    assert_eq!(late.json["body"], "old holder");
-    assert_eq!(
-        late.json["fence"]["token"], 34,
-        "the fence stays at the max seen"
-    );
-    api.put_fenced("p", "newest", 40).await.expect(200);
-
-    let history = api.history("p").await;
-    assert_eq!(
-        outcomes(&history),
-        ["accepted", "stale", "accepted", "accepted"]
-    );
-    assert_eq!(history[1]["token"], 33);
-    assert_eq!(history[0]["fence_token"], 40);
-}
-
-#[tokio::test]
 async fn history_lists_every_attempt_newest_first_with_its_details() {
     let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     // The key's client is the history's client_id; Client-Id may repeat it

@@ -157,7 +157,29 @@ async fn an_admin_lowers_a_fence_with_an_audited_history_row() {
         .expect_error(409, "stale_token");
 
     let admin = api.with_key(Some(key_of(ADMIN)));
-    let lower = json!({"issuer": "redis", "token": 6, "reason": "redis counter lost in restart"});
+    // No issuer is configured, so none can say what it has minted: the
+    // admin must force the fence.
+    let mut lower =
+        json!({"issuer": "redis", "token": 6, "reason": "redis counter lost in restart"});
+    let before = api.snapshot("p").await;
+    let refused = admin
+        .set_fence("p", &lower)
+        .await
+        .expect_error(409, "force_required");
+    assert_eq!(
+        (
+            &refused.json["issuer"],
+            &refused.json["token"],
+            &refused.json["minted"]
+        ),
+        (&json!("redis"), &json!(6), &json!(null))
+    );
+    assert_eq!(
+        api.snapshot("p").await,
+        before,
+        "a refused admin call wrote"
+    );
+    lower["force"] = json!(true);
     let reply = admin.set_fence("p", &lower).await.expect(200);
     assert_eq!(
         reply.json,
@@ -171,8 +193,13 @@ async fn an_admin_lowers_a_fence_with_an_audited_history_row() {
     assert_eq!(audit["token"], 6);
     assert_eq!(audit["fence_token"], 6);
     assert_eq!(audit["reason"], "redis counter lost in restart");
-    // Ordinary rows carry no reason field at all.
-    assert!(api.history("p").await[1].get("reason").is_none());
+    assert_eq!(audit["force"], true);
+    // Ordinary rows carry no reason nor force field at all.
+    let write = &api.history("p").await[1];
+    assert!(
+        write.get("reason").is_none() && write.get("force").is_none(),
+        "{write}"
+    );
 
     // The holder of token 7 writes again.
     api.put_issued("p", "late", 7, "redis").await.expect(200);
@@ -181,6 +208,7 @@ async fn an_admin_lowers_a_fence_with_an_audited_history_row() {
     let clear = json!({"issuer": null, "token": null, "reason": "moving to zookeeper"});
     let cleared = admin.set_fence("p", &clear).await.expect(200);
     assert_eq!(cleared.json["fence"], json!(null));
+    assert_eq!(api.history("p").await[0]["force"], false);
     api.put_issued("p", "zk", 3, "zookeeper").await.expect(200);
 }
 
@@ -189,7 +217,7 @@ async fn the_admin_endpoint_refuses_writers_strangers_and_bad_bodies_changing_no
     let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
     api.put_fenced("p", "text", 50).await.expect(201);
     let before = api.snapshot("p").await;
-    let body = json!({"issuer": "default", "token": 1, "reason": "test"});
+    let body = json!({"issuer": "default", "token": 1, "reason": "test", "force": true});
 
     api.with_key(None)
         .set_fence("p", &body)

@@ -92,7 +92,8 @@ async fn admin_fence_token_written_as_an_integral_number_with_a_fraction_is_take
     let set = |token: Value| {
         let admin = admin.clone();
         async move {
-            let body = json!({"issuer": "default", "token": token, "reason": "fuzz"});
+            let body =
+                json!({"issuer": "default", "token": token, "reason": "fuzz", "force": true});
             admin.set_fence("p", &body).await
         }
     };

@@ -364,8 +364,15 @@ async fn without_a_page_the_stream_follows_the_page_accessed_last_and_an_empty_d
 
 #[tokio::test]
 async fn with_fencing_off_a_stale_write_lands_and_is_counted_as_a_lost_update() {
-    let (_gw, api, _) = gateway(FenceCheck::Off).await;
-    put(&api, "p", "new holder", &token(34, "bob"), 201).await;
+    // The fence is the fenced gateway's; the unfenced one, on the same
+    // database, writes under it without moving it.
+    let (_fenced, fenced, url) = gateway(FenceCheck::Enforce).await;
+    put(&fenced, "p", "new holder", &token(34, "bob"), 201).await;
+    let options = LANES
+        .iter()
+        .fold(keyed(FenceCheck::Off), |o, c| o.api_key(c, &key_of(c)));
+    let unfenced = gateway::spawn_with_options(&url, options).await.unwrap();
+    let api = Api::new(unfenced.url()).as_client("tester");
     let (mut events, snapshot) = Events::open(&api, "?page=p").await;
     assert_eq!(snapshot["fencing"], "off");
 

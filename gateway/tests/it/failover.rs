@@ -59,6 +59,7 @@ async fn a_statement_refused_by_a_read_only_server_is_a_503() {
         issuer: "default".into(),
         if_match: None,
         enforce: false,
+        page_issuer: None,
         client_id: None,
     };
     let err = fenced_access(&db, &write, || true).await.unwrap_err();
