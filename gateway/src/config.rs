@@ -117,6 +117,12 @@ impl Cli {
     about = "Page storage over HTTP that rejects stale fencing tokens"
 )]
 pub struct Config {
+    /// A file of `NAME=VALUE` lines read into the environment before the
+    /// other settings (variables already set win): where the database and
+    /// issuer URLs with their passwords come from, as compose mounts them (a
+    /// secret) and scripts/stack writes them.
+    #[arg(long, env = "SECRETS_FILE", value_name = "FILE")]
+    pub secrets_file: Option<std::path::PathBuf>,
     /// PostgreSQL URL of the gateway's own role (fence_gateway; fence_unfenced
     /// with fencing off), e.g. postgres://fence_gateway:PW@127.0.0.1:5432/pages;
     /// with a standby: postgres://fence_gateway:PW@db1:5432,db2:5432/pages?target_session_attrs=read-write

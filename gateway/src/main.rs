@@ -15,6 +15,9 @@ const CONNECT_PATIENCE: Duration = Duration::from_secs(60);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if let Err(e) = gateway::secrets::load_secrets_file() {
+        refuse(e);
+    }
     let command = Cli::parse().command();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -206,3 +206,29 @@ mod tests {
         assert_eq!(scrub("nothing secret", "redis://h:1"), "nothing secret");
     }
 }
+
+/// The settings' secrets file: `--secrets-file FILE` (anywhere on the
+/// command line) or `SECRETS_FILE`, read before the real parse.
+#[derive(clap::Parser)]
+#[command(
+    ignore_errors = true,
+    disable_help_flag = true,
+    disable_version_flag = true
+)]
+struct SecretsFileArg {
+    #[arg(long, env = "SECRETS_FILE")]
+    secrets_file: Option<std::path::PathBuf>,
+    #[arg(allow_hyphen_values = true, trailing_var_arg = true, hide = true)]
+    _rest: Vec<std::ffi::OsString>,
+}
+
+/// Load the secrets file (see [`crate::Config::secrets_file`]) into the
+/// environment, where clap's env fallbacks find it; variables already set
+/// win.
+pub fn load_secrets_file() -> Result<(), String> {
+    use clap::Parser;
+    let Some(path) = SecretsFileArg::parse().secrets_file else {
+        return Ok(());
+    };
+    dotenvy::from_path(&path).map_err(|e| format!("secrets file {}: {e}", path.display()))
+}

@@ -16,6 +16,13 @@ pub use fencelock::Backend;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "worker", version)]
 pub struct Config {
+    /// A file of `NAME=VALUE` lines read into the environment before the
+    /// other settings (variables already set win): where the lock
+    /// services' URLs with their passwords come from, as compose mounts
+    /// them (a secret) and scripts/stack writes them.
+    #[arg(long, env = "SECRETS_FILE", value_name = "FILE")]
+    pub secrets_file: Option<std::path::PathBuf>,
+
     /// Which lock service guards the page.
     #[arg(long, env = "WORKER_BACKEND", value_enum)]
     pub backend: Backend,
@@ -253,6 +260,29 @@ impl Config {
     /// How many edits to attempt; `None` = unbounded.
     pub fn edit_limit(&self) -> Option<u64> {
         self.edits.filter(|&n| n > 0)
+    }
+}
+
+/// Load the secrets file that `--secrets-file FILE` or `SECRETS_FILE` names
+/// (see [`Config::secrets_file`]) before clap reads the settings.
+pub fn load_secrets_file() -> Result<(), String> {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let flag = args.iter().enumerate().find_map(|(i, a)| {
+        let a = a.to_str()?;
+        match a.strip_prefix("--secrets-file") {
+            Some("") => args.get(i + 1).cloned(),
+            Some(rest) => rest.strip_prefix('=').map(Into::into),
+            None => None,
+        }
+    });
+    match flag.or_else(|| std::env::var_os("SECRETS_FILE")) {
+        Some(path) => dotenvy::from_path(&path).map_err(|e| {
+            format!(
+                "secrets file {}: {e}",
+                std::path::Path::new(&path).display()
+            )
+        }),
+        None => Ok(()),
     }
 }
 

@@ -12,6 +12,10 @@ use worker::config::Config;
 use worker::hold::{LockCommand, UnlockCommand};
 
 fn main() {
+    if let Err(e) = worker::config::load_secrets_file() {
+        eprintln!("worker: {e}");
+        std::process::exit(2);
+    }
     // The flat command (`worker` with flags or variables only) is the edit
     // loop, as always; a first argument `lock` or `unlock` picks the others.
     let first = std::env::args_os().nth(1);

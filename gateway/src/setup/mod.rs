@@ -33,6 +33,10 @@ pub use grants::quote_ident;
 /// `gateway setup`'s flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SetupConfig {
+    /// A file of `NAME=VALUE` lines read into the environment before the
+    /// other settings (the owners' URLs with their passwords).
+    #[arg(long, env = "SECRETS_FILE", value_name = "FILE")]
+    pub secrets_file: Option<std::path::PathBuf>,
     /// PostgreSQL URL of the role that owns the page tables (fence_owner):
     /// it runs the migrations and grants the other roles their rights.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]

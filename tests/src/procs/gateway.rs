@@ -110,6 +110,7 @@ impl GatewayProc {
                 args.extend(["--issuer".to_string(), format!("{name}={url}")]);
             }
         }
+        setup(database_url).await?;
         let mut me = Self {
             child: None,
             port,
@@ -167,6 +168,55 @@ impl GatewayProc {
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
+}
+
+/// The roles `gateway setup` grants to, by its default names; created once
+/// per cluster (roles are the cluster's, databases share them).
+const ROLES: &str = "
+do $$
+declare r text;
+begin
+  foreach r in array array['fence_gateway', 'fence_unfenced', 'fence_issuer'] loop
+    if not exists (select from pg_roles where rolname = r) then
+      execute format('create role %I login', r);
+    end if;
+  end loop;
+  if not exists (select from pg_roles where rolname = 'fence_lock_client') then
+    create role fence_lock_client nologin;
+  end if;
+exception when duplicate_object or unique_violation then
+  null; -- another test created them meanwhile
+end $$";
+
+/// What an operator does before the gateways serve: the roles, then
+/// `gateway setup` (the migrations, the grants, the lease table) with
+/// `database_url`, whose login owns what it creates (in the harness, the
+/// superuser).
+pub async fn setup(database_url: &str) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(database_url)
+        .await
+        .context("connect to create the gateway's roles")?;
+    sqlx::query(ROLES)
+        .execute(&mut conn)
+        .await
+        .context("create the gateway's roles")?;
+    conn.close().await.ok();
+    let out = tokio::process::Command::new(binary("gateway")?)
+        .args(["setup", "--database-url", database_url])
+        .env("RUST_LOG", "gateway=warn")
+        .output()
+        .await
+        .context("run gateway setup")?;
+    if !out.status.success() {
+        bail!(
+            "gateway setup failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
 }
 
 impl Drop for GatewayProc {
