@@ -7,9 +7,11 @@
 //! - [`compose`]: compose.yaml, the Dockerfile and scripts/stack agree with
 //!   the binaries (nothing started);
 //! - [`compose_smoke`]: `docker compose up` for real, with podman, and the
-//!   README followed against the containers; only when `COMPOSE_SMOKE=1`
-//!   (scripts/compose-smoke runs it alone, with the filter `compose_smoke::`);
-//! - [`tutorial`]: the README's transcripts and demos against `scripts/stack`;
+//!   tutorial and scripts/demo followed against the containers; only when
+//!   `COMPOSE_SMOKE=1` (scripts/compose-smoke runs it alone, with the filter
+//!   `compose_smoke::`);
+//! - [`tutorial`]: docs/TUTORIAL.md's transcripts and demos, and
+//!   scripts/demo, against `scripts/stack`;
 //! - [`dashboard`]: the dashboard in headless Chromium, against `scripts/stack`;
 //! - [`stack_fairness`]: every worker of `scripts/stack` gets edits with Redis;
 //! - [`openapi_fuzz`]: schemathesis against the gateway's OpenAPI description;
