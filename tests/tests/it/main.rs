@@ -15,6 +15,7 @@
 //! - [`dashboard`]: the dashboard in headless Chromium, against `scripts/stack`;
 //! - [`stack_fairness`]: every worker of `scripts/stack` gets edits with Redis;
 //! - [`openapi_fuzz`]: schemathesis against the gateway's OpenAPI description;
+//! - [`operations_doc`]: docs/OPERATIONS.md's settings against `--help`;
 //! - [`worker_e2e`]: the worker binary against real lock services and a gateway;
 //! - [`services`], [`replicated_services`]: the harness's own services.
 
@@ -22,6 +23,7 @@ mod compose;
 mod compose_smoke;
 mod dashboard;
 mod openapi_fuzz;
+mod operations_doc;
 mod replicated_services;
 mod services;
 mod stack_fairness;
