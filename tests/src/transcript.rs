@@ -341,6 +341,12 @@ pub fn lost_edits(history: &[serde_json::Value], body: &str) -> Vec<serde_json::
         .collect()
 }
 
+/// docs/LIBRARY.md's Rust blocks, compiled as doctests (`no_run`: they need
+/// servers), so that the library guide's examples cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/LIBRARY.md")]
+pub struct LibraryGuide;
+
 #[cfg(test)]
 mod tests {
     use super::*;
