@@ -70,16 +70,23 @@ fn command_part(line: &str) -> &str {
 /// so a tutorial edit that changes the commands a test runs is noticed.
 #[track_caller]
 pub fn sh_block_with(markdown: &str, command: &str) -> Block {
-    let found: Vec<Block> = blocks(markdown)
+    let found = blocks(markdown)
         .into_iter()
         .filter(|b| b.info == "sh" && b.lines.iter().any(|l| command_part(l) == command))
         .collect();
-    match <[Block; 1]>::try_from(found) {
-        Ok([block]) => block,
-        Err(found) => panic!(
-            "{TUTORIAL}: expected one ```sh block with the command `{command}`, found {}",
-            found.len()
-        ),
+    exactly_one(
+        found,
+        format_args!("{TUTORIAL}: expected one ```sh block with the command `{command}`"),
+    )
+}
+
+/// The one item of `found`; otherwise a panic with `what` and their count.
+#[track_caller]
+fn exactly_one<T>(found: Vec<T>, what: std::fmt::Arguments) -> T {
+    let count = found.len();
+    match <[T; 1]>::try_from(found) {
+        Ok([one]) => one,
+        Err(_) => panic!("{what}, found {count}"),
     }
 }
 
@@ -131,17 +138,14 @@ pub const DEMO: &str = "scripts/demo";
 /// The README's [`DEMO`] step and what it prints, which must be there once.
 #[track_caller]
 pub fn demo_step(readme: &str) -> Step {
-    let found: Vec<Step> = console_steps(readme)
+    let found = console_steps(readme)
         .into_iter()
         .filter(|s| s.command == DEMO)
         .collect();
-    match <[Step; 1]>::try_from(found) {
-        Ok([step]) => step,
-        Err(found) => panic!(
-            "README.md: expected one ```console step `$ {DEMO}`, found {}",
-            found.len()
-        ),
-    }
+    exactly_one(
+        found,
+        format_args!("README.md: expected one ```console step `$ {DEMO}`"),
+    )
 }
 
 /// Whether `output` is what `step` says it prints (the same matching as
