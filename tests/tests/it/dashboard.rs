@@ -220,34 +220,36 @@ const CAPTION_END: &str = "<!-- end of dashboard caption -->";
 
 /// What the screenshot shows, in words, from what this run saw: the fenced
 /// straggler's token, the fence its PUT met and why it was refused; the
-/// unfenced one's, and the acknowledged edits it made disappear.
+/// unfenced one's, and the acknowledged edits it made disappear (the others'
+/// lines its stale body replaced, or its own, written over by a worker that
+/// had read the page before its PUT).
 fn caption(fenced: &Value, unfenced: &Value, lost: &[Value]) -> String {
     let edits: Vec<String> = lost
         .iter()
-        .map(|e| {
-            format!(
-                "{}'s with token {}",
-                e["client_id"].as_str().unwrap_or("?"),
+        .map(|e| match e["client_id"].as_str().unwrap_or("?") {
+            "straggler-unfenced" => format!(
+                "its own (token {}), written over by a worker that had read the page before it",
                 e["token"]
-            )
+            ),
+            client => format!("{client}'s (token {})", e["token"]),
         })
         .collect();
-    let (what, verb) = match edits.len() {
-        1 => ("acknowledged edit", "is"),
-        _ => ("acknowledged edits", "are"),
+    let gone = match edits.len() {
+        1 => "an acknowledged edit is",
+        _ => "acknowledged edits are",
     };
     format!(
         "`straggler` was granted token {}, read the page and froze; the other workers \
          went on, and when its PUT arrived the page's fence was at {}: refused \
          (`{}`). `straggler-unfenced` did the same through the unfenced gateway \
          with token {}: its PUT landed (`stale`, the fence at {}), drawn in red as \
-         a lost update, and the {what} {} {verb} gone from the body.",
+         a lost update, and {gone} gone from the body: {}.",
         fenced["token"],
         fenced["fence_token"],
         fenced["outcome"].as_str().unwrap_or("?"),
         unfenced["token"],
         unfenced["fence_token"],
-        edits.join(", "),
+        edits.join("; "),
     )
 }
 
