@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15: the primary's side of streaming replication, for the official
+# The primary's side of streaming replication, for the official
 # postgres image (compose.yaml mounts this into /docker-entrypoint-initdb.d/,
 # so it runs once, when the data directory is created, before the server
 # restarts for real). scripts/stack does the same with Debian's packages.

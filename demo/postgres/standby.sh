@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15: the entrypoint of `postgres-standby` (official postgres image): a
+# The entrypoint of `postgres-standby` (official postgres image): a
 # streaming replica of `postgres`, started from a base backup.
 #
 # On first start the data directory is empty: pg_basebackup copies the

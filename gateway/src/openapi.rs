@@ -723,10 +723,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_tutorial_examples_are_lines_of_the_readme() {
-        let readme = include_str!("../../README.md");
+    fn the_tutorial_examples_are_lines_of_the_tutorial() {
+        let tutorial = include_str!("../../docs/TUTORIAL.md");
         for line in tutorial::ALL {
-            assert!(readme.contains(line), "not in the README any more: {line}");
+            assert!(
+                tutorial.contains(line),
+                "not in docs/TUTORIAL.md any more: {line}"
+            );
             parse(line);
         }
     }

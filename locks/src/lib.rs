@@ -4,7 +4,9 @@
 //!
 //! ```toml
 //! [dependencies]
-//! fencelock = { version = "0.1", default-features = false, features = ["redis"] }
+//! # Not on crates.io (the workspace is `publish = false`): a path dependency
+//! # on a clone of this repository, or `git = "<its URL>"` instead of `path`.
+//! fencelock = { path = "../fencing-tokens/locks", default-features = false, features = ["redis"] }
 //! ```
 //!
 //! Each backend is a cargo feature and pulls only its own client:

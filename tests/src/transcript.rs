@@ -1,10 +1,11 @@
-//! The README's checked transcripts: one checker for every place that runs
-//! them (`tests/tests/it/tutorial.rs` against `scripts/stack`,
-//! `tests/tests/it/compose_smoke.rs` against the containers of compose.yaml).
+//! The tutorial's checked transcripts ([`TUTORIAL`]): one checker for every
+//! place that runs them (`tests/tests/it/tutorial.rs` against
+//! `scripts/stack`, `tests/tests/it/compose_smoke.rs` against the containers
+//! of compose.yaml).
 //!
-//! # The convention (also stated in the README)
-//! Every fenced block marked ```` ```console ```` in README.md is a checked
-//! transcript. A line starting with `$ ` is a command; the lines after it, up to
+//! # The convention (also stated in the tutorial)
+//! Every fenced block marked ```` ```console ```` in docs/TUTORIAL.md is a
+//! checked transcript. A line starting with `$ ` is a command; the lines after it, up to
 //! the next `$ ` or the end of the block, are what it prints. In the expected
 //! output, `...` inside a line matches any text (timestamps, sizes), and a line
 //! that is exactly `...` matches any number of lines, none included. Carriage
@@ -13,6 +14,9 @@
 //! `restart`, `kill`, `pause`, `unpause`, `start`); the rest is in
 //! ```` ```sh ```` blocks, some of which the compose smoke run executes as
 //! written ([`sh_block_with`]).
+
+/// The tutorial whose transcripts are checked, from the repository's root.
+pub const TUTORIAL: &str = "docs/TUTORIAL.md";
 
 /// A fenced code block of a markdown file: its info string (`console`, `sh`,
 /// ...), the line of its first content line, and its lines.
@@ -63,19 +67,26 @@ fn command_part(line: &str) -> &str {
 
 /// The one ```` ```sh ```` block of `markdown` with a command line that is
 /// exactly `command` (comments aside). Panics when none or several have it,
-/// so a README edit that changes the commands a test runs is noticed.
+/// so a tutorial edit that changes the commands a test runs is noticed.
 #[track_caller]
 pub fn sh_block_with(markdown: &str, command: &str) -> Block {
-    let found: Vec<Block> = blocks(markdown)
+    let found = blocks(markdown)
         .into_iter()
         .filter(|b| b.info == "sh" && b.lines.iter().any(|l| command_part(l) == command))
         .collect();
-    match <[Block; 1]>::try_from(found) {
-        Ok([block]) => block,
-        Err(found) => panic!(
-            "README.md: expected one ```sh block with the command `{command}`, found {}",
-            found.len()
-        ),
+    exactly_one(
+        found,
+        format_args!("{TUTORIAL}: expected one ```sh block with the command `{command}`"),
+    )
+}
+
+/// The one item of `found`; otherwise a panic with `what` and their count.
+#[track_caller]
+fn exactly_one<T>(found: Vec<T>, what: std::fmt::Arguments) -> T {
+    let count = found.len();
+    match <[T; 1]>::try_from(found) {
+        Ok([one]) => one,
+        Err(_) => panic!("{what}, found {count}"),
     }
 }
 
@@ -112,11 +123,47 @@ pub fn console_steps(markdown: &str) -> Vec<Step> {
             } else if let Some(at) = in_block {
                 steps[at].expected.push(line.clone());
             } else {
-                panic!("README.md:{line_no}: console block output before any `$ ` command");
+                panic!("{TUTORIAL}:{line_no}: console block output before any `$ ` command");
             }
         }
     }
     steps
+}
+
+/// The README's five-minute path: the one command of its console block,
+/// run by `tests/tests/it/tutorial.rs` on `scripts/stack` and by the compose
+/// smoke run on the containers, each output compared with the README's.
+pub const DEMO: &str = "scripts/demo";
+
+/// The README's [`DEMO`] step and what it prints, which must be there once.
+#[track_caller]
+pub fn demo_step(readme: &str) -> Step {
+    let found = console_steps(readme)
+        .into_iter()
+        .filter(|s| s.command == DEMO)
+        .collect();
+    exactly_one(
+        found,
+        format_args!("README.md: expected one ```console step `$ {DEMO}`"),
+    )
+}
+
+/// Whether `output` is what `step` says it prints (the same matching as
+/// the transcripts); the difference as a failure report otherwise.
+pub fn check_output(file: &str, step: &Step, output: &str) -> Result<(), String> {
+    let got = output.replace('\r', "");
+    let got_lines: Vec<&str> = got.trim_end_matches('\n').lines().collect();
+    if output_matches(&step.expected, &got_lines) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{file}:{}: $ {}\n--- expected ---\n{}\n--- got ---\n{}",
+            step.line,
+            step.command,
+            step.expected.join("\n"),
+            got_lines.join("\n")
+        ))
+    }
 }
 
 /// What a console line runs.
@@ -219,23 +266,23 @@ pub fn output_matches(expected: &[String], actual: &[&str]) -> bool {
     }
 }
 
-/// The README's console steps, each checked against the convention.
+/// The tutorial's console steps, each checked against the convention.
 #[track_caller]
-pub fn checked_steps(readme: &str) -> Vec<(Step, Run)> {
-    let steps = console_steps(readme);
+pub fn checked_steps(tutorial: &str) -> Vec<(Step, Run)> {
+    let steps = console_steps(tutorial);
     assert!(
         steps.len() >= 6,
-        "README.md has only {} console commands: the tutorial's curl steps should be ```console blocks",
+        "{TUTORIAL} has only {} console commands: the tutorial's curl steps should be ```console blocks",
         steps.len()
     );
     steps
         .into_iter()
         .map(|step| {
             let run =
-                classify(&step.command).unwrap_or_else(|e| panic!("README.md:{}: {e}", step.line));
+                classify(&step.command).unwrap_or_else(|e| panic!("{TUTORIAL}:{}: {e}", step.line));
             assert!(
                 run.capture.is_none() || step.expected.is_empty(),
-                "README.md:{}: an assignment prints nothing, so nothing may be written under it",
+                "{TUTORIAL}:{}: an assignment prints nothing, so nothing may be written under it",
                 step.line
             );
             (step, run)
@@ -255,7 +302,7 @@ impl Vars {
 
 /// Run one checked step with `run_command` (which runs a command with the
 /// variables captured so far and returns its standard output): a capture is
-/// kept in `vars`; otherwise the output is compared with the README's, and
+/// kept in `vars`; otherwise the output is compared with the tutorial's, and
 /// the difference returned as a failure report.
 pub fn run_step(
     step: &Step,
@@ -269,7 +316,7 @@ pub fn run_step(
         let value = got.trim_end_matches('\n').to_owned();
         if value.is_empty() {
             return Err(format!(
-                "README.md:{}: `{}` printed nothing to capture",
+                "{TUTORIAL}:{}: `{}` printed nothing to capture",
                 step.line, step.command
             ));
         }
@@ -277,18 +324,7 @@ pub fn run_step(
         vars.0.push((name.clone(), value));
         return Ok(());
     }
-    let got_lines: Vec<&str> = got.trim_end_matches('\n').lines().collect();
-    if output_matches(&step.expected, &got_lines) {
-        Ok(())
-    } else {
-        Err(format!(
-            "README.md:{}: $ {}\n--- expected ---\n{}\n--- got ---\n{}",
-            step.line,
-            step.command,
-            step.expected.join("\n"),
-            got_lines.join("\n")
-        ))
-    }
+    check_output(TUTORIAL, step, &got)
 }
 
 /// The acknowledged PUTs (`accepted`, or `stale` through the unfenced
@@ -308,6 +344,12 @@ pub fn lost_edits(history: &[serde_json::Value], body: &str) -> Vec<serde_json::
         .cloned()
         .collect()
 }
+
+/// docs/LIBRARY.md's Rust blocks, compiled as doctests (`no_run`: they need
+/// servers), so that the library guide's examples cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/LIBRARY.md")]
+pub struct LibraryGuide;
 
 #[cfg(test)]
 mod tests {
@@ -398,7 +440,7 @@ mod tests {
             "a 1\n".into()
         })
         .unwrap_err();
-        assert!(err.starts_with("README.md:7: $ echo $A"), "{err}");
+        assert!(err.starts_with("docs/TUTORIAL.md:7: $ echo $A"), "{err}");
         assert!(
             run_step(&step("A=$(echo)", &[]), &capture, &mut vars, |_, _| "\n"
                 .into())

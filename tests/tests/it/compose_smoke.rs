@@ -1,10 +1,11 @@
-//! `docker compose up` for real: the README followed against the containers
-//! of compose.yaml. Run by `scripts/compose-smoke`, which makes the images
+//! `docker compose up` for real: the tutorial (docs/TUTORIAL.md) followed
+//! against the containers of compose.yaml, and the README's five-minute path
+//! (`scripts/demo`). Run by `scripts/compose-smoke`, which makes the images
 //! (stand-ins for the official ones), starts podman's Docker API and the
 //! healthcheck loop podman needs without systemd, and sets `COMPOSE_SMOKE=1`;
 //! without it this test only says that it was skipped.
 //!
-//! In the README's order, on one project:
+//! In the tutorial's order, on one project:
 //! 1. `docker-compose up --build -d` on the unmodified compose.yaml (timed),
 //!    then every service running and healthy (timed);
 //! 2. every ```` ```console ```` transcript, with the checker of
@@ -16,7 +17,9 @@
 //!    edits again; the fenced straggler's PUT is refused (`token_not_current`
 //!    or `stale_token`) and nothing is lost; the unfenced one's lands (`stale`)
 //!    and an acknowledged edit is gone from the page;
-//! 4. `down` as the README writes it, then no container, network or volume of
+//! 4. `scripts/demo` as the README writes it (its refused write beside its
+//!    lost update);
+//! 5. `down` as the tutorial writes it, then no container, network or volume of
 //!    the project left.
 //!
 //! A failure names its step and shows the last log lines of the services it
@@ -39,7 +42,7 @@ fn state_dir() -> PathBuf {
         .unwrap_or_else(|| repo().join("target/compose-smoke"))
 }
 
-/// The README commands of the sh blocks this run executes, each a command
+/// The tutorial's commands of the sh blocks this run executes, each a command
 /// line of exactly one block (comments aside).
 const PAUSE: &str = "docker compose pause worker-1; sleep 5; docker compose unpause worker-1";
 const STRAGGLER: &str = "docker compose --profile demo up -d straggler";
@@ -81,7 +84,7 @@ impl Smoke {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// A README command or block, as a user's shell runs it (bash; errors
+    /// A tutorial command or block, as a user's shell runs it (bash; errors
     /// stop it), within `timeout`.
     fn shell(&self, script: &str, timeout: Duration) -> Output {
         Self::command("timeout")
@@ -313,19 +316,19 @@ fn services_of(command: &str) -> Vec<String> {
     services
 }
 
-/// What the README asks this run to do, in its order.
+/// What the tutorial asks this run to do, in its order.
 enum Item {
     Console(Step, Run),
     Sh(&'static str, Block),
 }
 
-fn readme_items(readme: &str) -> Vec<Item> {
-    let mut items: Vec<(usize, Item)> = transcript::checked_steps(readme)
+fn tutorial_items(tutorial: &str) -> Vec<Item> {
+    let mut items: Vec<(usize, Item)> = transcript::checked_steps(tutorial)
         .into_iter()
         .map(|(step, run)| (step.line, Item::Console(step, run)))
         .collect();
     for marker in [PAUSE, STRAGGLER, STRAGGLER_UNFENCED] {
-        let block = transcript::sh_block_with(readme, marker);
+        let block = transcript::sh_block_with(tutorial, marker);
         items.push((block.line, Item::Sh(marker, block)));
     }
     items.sort_by_key(|(line, _)| *line);
@@ -333,19 +336,21 @@ fn readme_items(readme: &str) -> Vec<Item> {
 }
 
 #[test]
-fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
+fn compose_up_runs_the_tutorial_and_the_demo_and_down_leaves_nothing() {
     if std::env::var("COMPOSE_SMOKE").as_deref() != Ok("1") {
         println!(
             "SKIPPED: the compose smoke run needs its images and podman's socket: run scripts/compose-smoke (scripts/test does when podman is installed)"
         );
         return;
     }
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
+    let tutorial =
+        std::fs::read_to_string(repo().join(transcript::TUTORIAL)).expect("read the tutorial");
     assert!(
-        transcript::has_sh_command(&readme, DOWN),
-        "README.md has no ```sh command `{DOWN}`"
+        transcript::has_sh_command(&tutorial, DOWN),
+        "{} has no ```sh command `{DOWN}`",
+        transcript::TUTORIAL
     );
-    let items = readme_items(&readme);
+    let items = tutorial_items(&tutorial);
     let smoke = Smoke {
         project: std::env::var("COMPOSE_PROJECT_NAME").expect("COMPOSE_PROJECT_NAME"),
         started: Instant::now(),
@@ -471,7 +476,7 @@ fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
         || smoke.curl("/pages/demo").is_some(),
     );
 
-    // 2. and 3. The README, in its order.
+    // 2. and 3. The tutorial, in its order.
     let mut vars = transcript::Vars::default();
     for item in &items {
         match item {
@@ -487,7 +492,7 @@ fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
                         let services = services_of(command);
                         let names: Vec<&str> = services.iter().map(String::as_str).collect();
                         smoke.fail(
-                            &format!("README.md:{} `{}`", step.line, step.command),
+                            &format!("{}:{} `{}`", transcript::TUTORIAL, step.line, step.command),
                             &names,
                             &format!(
                                 "exit {:?}\n{}{}",
@@ -503,7 +508,7 @@ fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
                     let services = services_of(&step.command);
                     let names: Vec<&str> = services.iter().map(String::as_str).collect();
                     smoke.fail(
-                        &format!("README.md:{} transcript", step.line),
+                        &format!("{}:{} transcript", transcript::TUTORIAL, step.line),
                         &names,
                         &difference,
                     );
@@ -512,9 +517,12 @@ fn compose_up_runs_the_readme_tutorial_and_down_leaves_nothing() {
             Item::Sh(marker, block) => run_sh_block(&smoke, marker, block),
         }
     }
-    smoke.note("the README's transcripts and demos passed");
+    smoke.note("the tutorial's transcripts and demos passed");
 
-    // 4. down, as the README writes it; nothing of the project left.
+    // 4. The README's five-minute path on the same stack.
+    run_demo(&smoke);
+
+    // 5. down, as the tutorial writes it; nothing of the project left.
     let step = format!("`{DOWN}`");
     let volumes: BTreeSet<String> = smoke
         .containers()
@@ -602,7 +610,38 @@ fn check_binaries_are_stripped(smoke: &Smoke) {
     smoke.note(&format!("stripped: {}", sizes.join(", ")));
 }
 
-/// Run one of the README's sh blocks as written, then check what it shows.
+/// The README's five-minute path (`scripts/demo`) on the running containers:
+/// it prints what the README says, or the run fails here.
+fn run_demo(smoke: &Smoke) {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
+    let step = transcript::demo_step(&readme);
+    let name = format!("README.md:{} `{}`", step.line, step.command);
+    smoke.note(&name);
+    let out = smoke.shell(&step.command, Duration::from_secs(300));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let services = [
+        "straggler",
+        "straggler-unfenced",
+        "gateway",
+        "gateway-unfenced",
+    ];
+    if !out.status.success() {
+        smoke.fail(
+            &name,
+            &services,
+            &format!(
+                "exit {:?}\n{printed}{}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        );
+    }
+    if let Err(difference) = transcript::check_output("README.md", &step, &printed) {
+        smoke.fail(&name, &services, &difference);
+    }
+}
+
+/// Run one of the tutorial's sh blocks as written, then check what it shows.
 fn run_sh_block(smoke: &Smoke, marker: &str, block: &Block) {
     let (name, services): (&str, &[&str]) = match marker {
         PAUSE => ("step 7: pause worker-1 past its TTL", &["worker-1"]),
@@ -612,7 +651,7 @@ fn run_sh_block(smoke: &Smoke, marker: &str, block: &Block) {
             &["straggler-unfenced", "gateway-unfenced"],
         ),
     };
-    let step = format!("{name} (README.md:{})", block.line);
+    let step = format!("{name} ({}:{})", transcript::TUTORIAL, block.line);
     smoke.note(&step);
     let before = smoke.history();
     let script = block.lines.join("\n");

@@ -2,14 +2,16 @@
 //! (Debian's `chromium` and `chromium-driver`), against `scripts/stack`.
 //!
 //! The test opens `/` of the fenced gateway while the three workers edit page
-//! `demo`, then runs the README's straggler demos (steps 7 and 8) and waits,
+//! `demo`, then runs the tutorial's straggler demos (steps 7 and 8) and waits,
 //! with a deadline, until the page shows what happened: the straggler's lock
 //! grant and its PUT refused (`token_not_current` from the issuer check, or
 //! `stale_token` from the fence) on its lane and in the list of
 //! attempts; then, through the unfenced gateway, the late PUT that landed,
 //! drawn in red as a lost update and counted in the page list. It saves a
-//! screenshot (`DASHBOARD_SCREENSHOT=path` chooses where; docs/dashboard.png
-//! is one).
+//! screenshot (`DASHBOARD_SCREENSHOT=path` chooses where) and writes the
+//! caption of what it saw. With `DASHBOARD_UPDATE_DOCS=1` the two go into the
+//! tutorial: docs/dashboard.png, and the caption between the markers under it
+//! in docs/TUTORIAL.md, so the picture and its words come from one run.
 //!
 //! The scenario's own steps are checked through the history API first, so a
 //! failure of the page itself is told apart from a straggler that did not
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder};
 use harness::process::{temp_dir, Recipe};
-use harness::stack::Stack;
+use harness::stack::{repo, Stack};
 use harness::ServiceProcess;
 use serde_json::{json, Value};
 
@@ -154,9 +156,10 @@ impl Scene {
     }
 
     fn screenshot(&self, name: &str) -> PathBuf {
-        let path = std::env::var_os("DASHBOARD_SCREENSHOT")
+        let path = update_docs()
+            .then(|| repo().join("docs/dashboard.png"))
+            .or_else(|| std::env::var_os("DASHBOARD_SCREENSHOT").map(PathBuf::from))
             .filter(|_| name == "dashboard.png")
-            .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name));
         let png = self
             .rt
@@ -205,6 +208,64 @@ const PAGE_COUNTERS: &str = r#"
 
 const RED: &str = "rgb(198, 40, 40)";
 
+/// `DASHBOARD_UPDATE_DOCS=1`: the screenshot and its caption go into docs/.
+fn update_docs() -> bool {
+    std::env::var("DASHBOARD_UPDATE_DOCS").as_deref() == Ok("1")
+}
+
+/// The tutorial's markers around the caption this test writes.
+const CAPTION_START: &str =
+    "<!-- dashboard caption: written by tests/tests/it/dashboard.rs; do not edit by hand -->\n";
+const CAPTION_END: &str = "<!-- end of dashboard caption -->";
+
+/// What the screenshot shows, in words, from what this run saw: the fenced
+/// straggler's token, the fence its PUT met and why it was refused; the
+/// unfenced one's, and the acknowledged edits it made disappear (the others'
+/// lines its stale body replaced, or its own, written over by a worker that
+/// had read the page before its PUT).
+fn caption(fenced: &Value, unfenced: &Value, lost: &[Value]) -> String {
+    let edits: Vec<String> = lost
+        .iter()
+        .map(|e| match e["client_id"].as_str().unwrap_or("?") {
+            "straggler-unfenced" => format!(
+                "its own (token {}), written over by a worker that had read the page before it",
+                e["token"]
+            ),
+            client => format!("{client}'s (token {})", e["token"]),
+        })
+        .collect();
+    let gone = match edits.len() {
+        1 => "an acknowledged edit is",
+        _ => "acknowledged edits are",
+    };
+    format!(
+        "`straggler` was granted token {}, read the page and froze; the other workers \
+         went on, and when its PUT arrived the page's fence was at {}: refused \
+         (`{}`). `straggler-unfenced` did the same through the unfenced gateway \
+         with token {}: its PUT landed (`stale`, the fence at {}), drawn in red as \
+         a lost update, and {gone} gone from the body: {}.",
+        fenced["token"],
+        fenced["fence_token"],
+        fenced["outcome"].as_str().unwrap_or("?"),
+        unfenced["token"],
+        unfenced["fence_token"],
+        edits.join("; "),
+    )
+}
+
+/// Replace the caption between the tutorial's markers.
+fn write_caption(text: &str) {
+    let path = repo().join(harness::transcript::TUTORIAL);
+    let doc = std::fs::read_to_string(&path).expect("read the tutorial");
+    let start = doc.find(CAPTION_START).expect("the caption's start marker") + CAPTION_START.len();
+    let end = start
+        + doc[start..]
+            .find(CAPTION_END)
+            .expect("the caption's end marker");
+    let doc = format!("{}{text}\n{}", &doc[..start], &doc[end..]);
+    std::fs::write(&path, doc).expect("write the tutorial");
+}
+
 #[test]
 fn the_stragglers_refused_write_and_lost_update_appear_on_the_dashboard_as_they_happen() {
     let started = Instant::now();
@@ -243,9 +304,10 @@ fn the_stragglers_refused_write_and_lost_update_appear_on_the_dashboard_as_they_
         json!({"title": "page demo", "mode": "this gateway: fencing enforced", "url": "/dashboard"})
     );
 
-    // README step 7: the gateway refuses the straggler's late PUT.
+    // Tutorial step 7: the gateway refuses the straggler's late PUT.
     let straggle = scene.stack.straggle("straggler");
     let (get, put) = (straggle.get, straggle.put);
+    let fenced_put = put.clone();
     // Refused by the issuer check (the lock moved on) or by the fence.
     let refused = put["outcome"].as_str().unwrap_or_default().to_string();
     assert!(
@@ -267,11 +329,16 @@ fn the_stragglers_refused_write_and_lost_update_appear_on_the_dashboard_as_they_
     assert!(counters["refused"].as_i64() >= Some(1), "{counters}");
     assert_eq!(counters["lost"], 0, "no lost update with the fence on");
 
-    // README step 8: without the fence the late PUT lands, and an
+    // Tutorial step 8: without the fence the late PUT lands, and an
     // acknowledged edit is lost.
     let straggle = scene.stack.straggle("straggler-unfenced");
     let (get, put) = (straggle.get, straggle.put);
     assert_eq!(put["outcome"], "stale", "the scenario: {put}");
+    let lost = scene.stack.lost_edits("demo");
+    assert!(
+        !lost.is_empty(),
+        "no acknowledged edit was lost without fencing"
+    );
     let seen = scene.wait_dom(
         "the unfenced straggler's stale PUT",
         &shown(&put["seq"], "straggler-unfenced", &get["token"], "stale"),
@@ -297,8 +364,12 @@ fn the_stragglers_refused_write_and_lost_update_appear_on_the_dashboard_as_they_
     );
 
     let shot = scene.screenshot("dashboard.png");
+    let text = caption(&fenced_put, &put, &lost);
+    if update_docs() {
+        write_caption(&text);
+    }
     eprintln!(
-        "screenshot: {} (the test took {:?})",
+        "screenshot: {} (the test took {:?})\ncaption: {text}",
         shot.display(),
         started.elapsed()
     );

@@ -7,12 +7,15 @@
 //! - [`compose`]: compose.yaml, the Dockerfile and scripts/stack agree with
 //!   the binaries (nothing started);
 //! - [`compose_smoke`]: `docker compose up` for real, with podman, and the
-//!   README followed against the containers; only when `COMPOSE_SMOKE=1`
-//!   (scripts/compose-smoke runs it alone, with the filter `compose_smoke::`);
-//! - [`tutorial`]: the README's transcripts and demos against `scripts/stack`;
+//!   tutorial and scripts/demo followed against the containers; only when
+//!   `COMPOSE_SMOKE=1` (scripts/compose-smoke runs it alone, with the filter
+//!   `compose_smoke::`);
+//! - [`tutorial`]: docs/TUTORIAL.md's transcripts and demos, and
+//!   scripts/demo, against `scripts/stack`;
 //! - [`dashboard`]: the dashboard in headless Chromium, against `scripts/stack`;
 //! - [`stack_fairness`]: every worker of `scripts/stack` gets edits with Redis;
 //! - [`openapi_fuzz`]: schemathesis against the gateway's OpenAPI description;
+//! - [`operations_doc`]: docs/OPERATIONS.md's settings against `--help`;
 //! - [`worker_e2e`]: the worker binary against real lock services and a gateway;
 //! - [`services`], [`replicated_services`]: the harness's own services.
 
@@ -20,6 +23,7 @@ mod compose;
 mod compose_smoke;
 mod dashboard;
 mod openapi_fuzz;
+mod operations_doc;
 mod replicated_services;
 mod services;
 mod stack_fairness;

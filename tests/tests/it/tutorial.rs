@@ -1,7 +1,8 @@
-//! The README's tutorial, run against the real stack so the README cannot rot.
+//! The tutorial (docs/TUTORIAL.md), run against the real stack so it cannot
+//! rot; and `scripts/demo`, the README's five-minute path, against the same.
 //!
 //! # The convention
-//! Stated in the README and in `harness::transcript`, which holds the checker;
+//! Stated in the tutorial and in `harness::transcript`, which holds the checker;
 //! [`crate::compose_smoke`] runs the same transcripts against the containers
 //! of compose.yaml. Here the `docker compose` commands run with
 //! `scripts/stack`, which has the ones console blocks use.
@@ -10,13 +11,13 @@
 //! `scripts/stack up` starts the same topology as compose.yaml from the Debian
 //! packages ([`harness::stack`]: on free ports, in a temp state dir, with the
 //! binaries `cargo build --workspace --bins` left in the target dir, which
-//! scripts/test builds before the tests). The README's curls go to its
+//! scripts/test builds before the tests). The tutorial's curls go to its
 //! ports; `scripts/stack down` runs on drop, also when an assertion fails.
 //!
-//! # The straggler (README steps 5 and 6)
+//! # The straggler (tutorial steps 7 and 8)
 //! Those steps use `docker compose`, so they cannot run here as written; the
 //! same scenario runs on `scripts/stack` (`start straggler`, `unpause
-//! straggler`), and the test checks what the README says the history and the
+//! straggler`), and the test checks what the tutorial says the history and the
 //! page show: refused through the fenced gateway (by its issuer check,
 //! `token_not_current`, or by its fence, `stale_token`); through the unfenced
 //! one, accepted (marked `stale`) with the edits acknowledged in the meantime
@@ -28,7 +29,7 @@ use harness::stack::{accepted, repo, Stack};
 use harness::transcript;
 use serde_json::Value;
 
-/// `scripts/stack up` as the README's tutorial has it, once the workers
+/// `scripts/stack up` as the tutorial has it, once the workers
 /// have written page `demo` (step 1 reads it).
 #[track_caller]
 fn tutorial_stack() -> Stack {
@@ -42,9 +43,10 @@ fn tutorial_stack() -> Stack {
 }
 
 #[test]
-fn readme_curl_transcripts_print_what_the_readme_says() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
-    let steps = transcript::checked_steps(&readme);
+fn tutorial_transcripts_print_what_the_tutorial_says() {
+    let tutorial =
+        std::fs::read_to_string(repo().join(transcript::TUTORIAL)).expect("read the tutorial");
+    let steps = transcript::checked_steps(&tutorial);
 
     let stack = tutorial_stack();
 
@@ -61,11 +63,13 @@ fn readme_curl_transcripts_print_what_the_readme_says() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// Steps 7 and 8 by hand, then `scripts/demo` (the README's five-minute
+/// path), which runs both again and prints the two outcomes.
 #[test]
 fn straggler_is_refused_by_the_fence_and_loses_an_update_without_it() {
     let stack = tutorial_stack();
 
-    // Step 5: through the fenced gateway the late PUT is refused, nothing
+    // Step 7: through the fenced gateway the late PUT is refused, nothing
     // written, and every acknowledged edit is still in the page.
     let straggle = stack.straggle("straggler");
     let (get, put) = (&straggle.get, &straggle.put);
@@ -88,7 +92,7 @@ fn straggler_is_refused_by_the_fence_and_loses_an_update_without_it() {
         "lost updates with fencing on"
     );
 
-    // Step 6: through the unfenced gateway it lands (marked `stale`), and an
+    // Step 8: through the unfenced gateway it lands (marked `stale`), and an
     // acknowledged edit is gone: the others' lines written while it was
     // frozen (its stale body replaced them), or its own line, when a worker
     // that had read before its PUT wrote after it.
@@ -103,6 +107,15 @@ fn straggler_is_refused_by_the_fence_and_loses_an_update_without_it() {
         !lost.is_empty(),
         "no acknowledged edit was lost without fencing"
     );
+
+    // The README's five-minute path runs the same two stragglers on the
+    // same stack: it prints what the README says, or fails.
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
+    let step = transcript::demo_step(&readme);
+    let printed = stack.sh(&format!("cd '{}' && {}", repo().display(), step.command));
+    if let Err(difference) = transcript::check_output("README.md", &step, &printed) {
+        panic!("{difference}");
+    }
 }
 
 /// The highest token among accepted PUTs of page `demo` (ZooKeeper's tokens
@@ -141,7 +154,7 @@ fn wait_workers_edit_after(stack: &Stack, workers: &[&str], above: i64, timeout:
     });
 }
 
-/// README steps 12 and 13 with the workers in view: `gateway-2`
+/// Tutorial steps 11 and 12 with the workers in view: `gateway-2`
 /// (which worker-2's key is balanced to) is SIGKILLed and every worker, worker-2
 /// included, gets edits acknowledged through the other gateway, none lost;
 /// then the PostgreSQL primary is killed and the standby promoted, and every

@@ -8,7 +8,7 @@
 //!   is pinned, health-checked (on what it is for) and waits for healthy
 //!   dependencies; compose and scripts/stack define the same services; the
 //!   standby and the balancer in front of the fenced gateways; the workers
-//!   run under `init: true`; every `down` of the README removes everything;
+//!   run under `init: true`; every `down` of the docs removes everything;
 //! - [`variables`]: every variable compose passes to a gateway or worker is
 //!   one of the binary's clap arguments, and its value parses and validates,
 //!   for every `BACKEND`; `scripts/stack env NAME` gives each service the

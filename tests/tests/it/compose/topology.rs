@@ -249,7 +249,7 @@ fn gateways_follow_the_primary_and_the_fenced_ones_sit_behind_the_balancer() {
     }
 
     // The balancer: the official haproxy image with demo/haproxy, published
-    // where the README's curls go, health-checking exactly the fenced
+    // where the tutorial's curls go, health-checking exactly the fenced
     // gateways on /readyz.
     let balancer = &services["balancer"];
     assert!(balancer["image"]
@@ -383,10 +383,10 @@ fn every_healthcheck_asks_what_its_service_is_for() {
 }
 
 #[test]
-fn every_down_in_the_readme_removes_the_profiles_and_the_volumes() {
+fn every_down_in_the_docs_removes_the_profiles_and_the_volumes() {
     // `down` alone leaves the containers of profiles it was not given
     // (straggler, redlock-N) and the anonymous volumes of the databases'
-    // images: the README's "a fresh one again" needs every profile and -v.
+    // images: the tutorial's "a fresh one again" needs every profile and -v.
     let compose = compose();
     let profiles: BTreeSet<String> = services(&compose)
         .values()
@@ -395,17 +395,20 @@ fn every_down_in_the_readme_removes_the_profiles_and_the_volumes() {
         .map(scalar)
         .collect();
     assert!(profiles.contains("demo") && profiles.contains("redlock"));
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
-    let downs: Vec<String> = harness::transcript::blocks(&readme)
+    let docs = [
+        "README.md",
+        harness::transcript::TUTORIAL,
+        "docs/TESTING.md",
+    ]
+    .map(|path| std::fs::read_to_string(repo().join(path)).expect(path))
+    .join("\n");
+    let downs: Vec<String> = harness::transcript::blocks(&docs)
         .into_iter()
         .filter(|b| b.info == "sh")
         .flat_map(|b| b.lines)
         .filter(|l| l.starts_with("docker compose ") && l.contains(" down"))
         .collect();
-    assert!(
-        !downs.is_empty(),
-        "the README says how to take the demo down"
-    );
+    assert!(!downs.is_empty(), "the docs say how to take the demo down");
     for down in &downs {
         let words: Vec<&str> = down
             .split(" #")

@@ -51,7 +51,7 @@ fn key_file(path: &Path) -> BTreeMap<String, String> {
 }
 
 #[test]
-fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_readme_says() {
+fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_tutorial_says() {
     let compose = compose();
     let services = services(&compose);
     let writers = key_file(&repo().join("demo/api-keys"));

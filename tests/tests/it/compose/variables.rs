@@ -72,7 +72,7 @@ fn every_variable_compose_passes_is_one_the_binaries_accept_for_every_backend() 
         "lease-mysql",
         "redlock",
     ] {
-        // Redlock has no fencing token: the README runs it with fencing off.
+        // Redlock has no fencing token: the tutorial runs it with fencing off.
         let mut vars = BTreeMap::from([("BACKEND", backend)]);
         if backend == "redlock" {
             vars.insert("WORKER_FENCING", "off");
@@ -125,7 +125,7 @@ fn every_variable_compose_passes_is_one_the_binaries_accept_for_every_backend() 
 }
 
 #[test]
-fn redlock_with_fencing_on_is_refused_as_the_readme_says() {
+fn redlock_with_fencing_on_is_refused_as_the_tutorial_says() {
     let services = services(&compose());
     let env = environment(
         &services["worker-1"],
@@ -167,7 +167,7 @@ fn zookeeper_tick_time_allows_the_workers_session_timeout() {
 #[test]
 fn an_exported_backend_reaches_the_straggler() {
     // As compose interpolates: the straggler and the workers get the same
-    // backend from one BACKEND in the environment (README step 10: `export`).
+    // backend from one BACKEND in the environment (tutorial step 10: `export`).
     let services = services(&compose());
     for backend in ["redis", "lease-mysql"] {
         let vars = BTreeMap::from([("BACKEND", backend)]);
