@@ -11,12 +11,15 @@
 # both servers with target_session_attrs=read-write) move to it by themselves.
 #
 # Variables: PRIMARY_HOST (postgres), PRIMARY_PORT (5432), PGPASSWORD (the
-# primary's postgres password; pg_basebackup -R keeps it in primary_conninfo).
+# primary's postgres password, else the postgres-password secret's;
+# pg_basebackup -R keeps it in primary_conninfo).
 set -euo pipefail
 
 PGDATA="${PGDATA:-/var/lib/postgresql/data}"
 PRIMARY_HOST="${PRIMARY_HOST:-postgres}"
 PRIMARY_PORT="${PRIMARY_PORT:-5432}"
+PGPASSWORD="${PGPASSWORD:-$(cat /run/secrets/postgres-password)}"
+export PGPASSWORD
 
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
     mkdir -p "$PGDATA"

@@ -118,9 +118,9 @@ impl Cli {
 )]
 pub struct Config {
     /// A file of `NAME=VALUE` lines read into the environment before the
-    /// other settings (variables already set win): where the database and
-    /// issuer URLs with their passwords come from, as compose mounts them (a
-    /// secret) and scripts/stack writes them.
+    /// other settings (variables already set win): a way to keep the
+    /// database's and the issuers' passwords off the command line and out
+    /// of the environment a container shows (e.g. a compose secret).
     #[arg(long, env = "SECRETS_FILE", value_name = "FILE")]
     pub secrets_file: Option<std::path::PathBuf>,
     /// PostgreSQL URL of the gateway's own role (fence_gateway; fence_unfenced
@@ -190,7 +190,8 @@ pub struct Config {
     /// spaces), PATTERN a page id or a glob where `*` stands for any run of
     /// characters; the first match wins. A page whose fence already names an
     /// issuer (set by an admin, or by an access accepted under this rule)
-    /// keeps it. Every issuer named must be configured (--issuer). Fenced
+    /// keeps it. Every issuer named must be configured (--issuer), or be
+    /// `redlock`, which mints no tokens: its pages take no fenced access. Fenced
     /// accesses with another issuer's token: 409 issuer_mismatch. Ignored
     /// with fencing off.
     #[arg(long, env = "GATEWAY_PAGE_ISSUERS", value_name = "PATTERN=ISSUER,...")]

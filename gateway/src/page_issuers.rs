@@ -122,7 +122,7 @@ impl PageIssuers {
             .map(|p| (p.issuer.as_str(), "GATEWAY_PAGE_ISSUERS"));
         let named = named.chain(default.as_deref().map(|d| (d, "GATEWAY_DEFAULT_ISSUER")));
         for (issuer, setting) in named {
-            if !configured.contains(&issuer) {
+            if !configured.contains(&issuer) && !mints_no_tokens(issuer) {
                 return Err(format!(
                     "{setting} names issuer {issuer:?}, which is not configured (GATEWAY_ISSUERS \
                      has {configured:?}): a page's issuer must be one whose tokens are checked"
@@ -140,7 +140,8 @@ impl PageIssuers {
     }
 
     /// The issuer that guards `page` when its row carries none; with
-    /// [`PageIssuers::FirstAccess`], the offered token's own.
+    /// [`PageIssuers::FirstAccess`], the offered token's own. None when no
+    /// rule names one, or the one named mints no tokens (Redlock).
     pub fn issuer_for<'a>(&'a self, page: &str, offered: &'a str) -> Option<&'a str> {
         match self {
             PageIssuers::FirstAccess => Some(offered),
@@ -148,9 +149,33 @@ impl PageIssuers {
                 .iter()
                 .find(|p| glob_matches(&p.pattern, page))
                 .map(|p| p.issuer.as_str())
-                .or(default.as_deref()),
+                .or(default.as_deref())
+                .filter(|issuer| !mints_no_tokens(issuer)),
         }
     }
+
+    /// The lock services the rule names that mint no fencing token: their
+    /// pages are refused every fenced access (`no_issuer_for_page`).
+    pub fn tokenless(&self) -> Vec<&str> {
+        match self {
+            PageIssuers::FirstAccess => Vec::new(),
+            PageIssuers::Chosen { patterns, default } => patterns
+                .iter()
+                .map(|p| p.issuer.as_str())
+                .chain(default.as_deref())
+                .filter(|issuer| mints_no_tokens(issuer))
+                .collect(),
+        }
+    }
+}
+
+/// Whether `issuer` names a lock service without fencing tokens (Redlock):
+/// a rule may name it, so that one setting can follow the workers' backend,
+/// but nothing can be checked, so its pages take no fenced access.
+fn mints_no_tokens(issuer: &str) -> bool {
+    issuer
+        .parse::<fencelock::Backend>()
+        .is_ok_and(|b| !b.mints_tokens())
 }
 
 #[cfg(test)]
@@ -174,6 +199,20 @@ mod tests {
                 assert!(!glob_matches(pattern, id), "{pattern} on {id}");
             }
         }
+    }
+
+    #[test]
+    fn a_rule_may_name_redlock_whose_pages_get_no_issuer() {
+        let rule = PageIssuers::new(
+            &["zookeeper"],
+            parse_list("demo=redlock").unwrap(),
+            Some("redlock".into()),
+        )
+        .unwrap();
+        assert_eq!(rule.issuer_for("demo", "zookeeper"), None);
+        assert_eq!(rule.issuer_for("other", "zookeeper"), None);
+        assert_eq!(rule.tokenless(), ["redlock", "redlock"]);
+        assert!(PageIssuers::new(&["zookeeper"], Vec::new(), Some("redis".into())).is_err());
     }
 
     #[test]

@@ -192,7 +192,11 @@ fn log_startup(o: &TrustOptions, fencing: FenceCheck, rule: Option<&PageIssuers>
         }
     }
     match rule {
-        Some(PageIssuers::Chosen { patterns, default }) => {
+        Some(rule @ PageIssuers::Chosen { patterns, default }) => {
+            let tokenless = rule.tokenless();
+            if !tokenless.is_empty() {
+                tracing::warn!(?tokenless, "the page issuers name a lock service without fencing tokens: its pages are refused every fenced access (409 no_issuer_for_page)");
+            }
             let patterns: Vec<String> = patterns.iter().map(ToString::to_string).collect();
             tracing::info!(?patterns, ?default, "page issuers: the first matching pattern, else the default; a page whose fence names an issuer keeps it");
             if default.is_none() {

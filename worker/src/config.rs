@@ -17,9 +17,9 @@ pub use fencelock::Backend;
 #[command(name = "worker", version)]
 pub struct Config {
     /// A file of `NAME=VALUE` lines read into the environment before the
-    /// other settings (variables already set win): where the lock
-    /// services' URLs with their passwords come from, as compose mounts
-    /// them (a secret) and scripts/stack writes them.
+    /// other settings (variables already set win): a way to keep the lock
+    /// services' passwords off the command line and out of the environment
+    /// a container shows (e.g. a compose secret).
     #[arg(long, env = "SECRETS_FILE", value_name = "FILE")]
     pub secrets_file: Option<std::path::PathBuf>,
 

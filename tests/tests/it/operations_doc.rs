@@ -21,8 +21,10 @@ struct Setting {
 /// The settings of `binary --help`, by flag (`--help` and `--version` left
 /// out). A block starts with a line whose first word is a flag; `[env: X=]`
 /// (or `[env: X]` for a hidden value) and `[default: Y]` follow it.
-fn help_settings(binary: &str) -> BTreeMap<String, Setting> {
+fn help_settings(command: &[&str]) -> BTreeMap<String, Setting> {
+    let (binary, args) = command.split_first().expect("a binary");
     let out = Command::new(bin_dir().join(binary))
+        .args(args)
         .arg("--help")
         .output()
         .unwrap_or_else(|e| panic!("run {binary} --help: {e}"));
@@ -109,10 +111,11 @@ fn table(doc: &str, heading: &str) -> Vec<Row> {
 }
 
 /// Each setting of `binary --help` has its row, and each row its setting.
-fn check(binary: &str, heading: &str) {
+fn check(command: &[&str], heading: &str) {
     let doc = std::fs::read_to_string(repo().join("docs/OPERATIONS.md"))
         .expect("read docs/OPERATIONS.md");
-    let settings = help_settings(binary);
+    let settings = help_settings(command);
+    let binary = command.join(" ");
     let rows = table(&doc, heading);
     let mut problems = Vec::new();
     for setting in settings.values() {
@@ -162,10 +165,15 @@ fn check(binary: &str, heading: &str) {
 
 #[test]
 fn every_gateway_setting_is_in_the_operators_manual_and_nothing_more() {
-    check("gateway", "## Settings: the gateway");
+    check(&["gateway"], "## Settings: the gateway");
+}
+
+#[test]
+fn every_setup_setting_is_in_the_operators_manual_and_nothing_more() {
+    check(&["gateway", "setup"], "## Settings: gateway setup");
 }
 
 #[test]
 fn every_worker_setting_is_in_the_operators_manual_and_nothing_more() {
-    check("worker", "## Settings: the worker");
+    check(&["worker"], "## Settings: the worker");
 }

@@ -21,7 +21,8 @@
 //! page show: refused through the fenced gateway (by its issuer check,
 //! `token_not_current`, or by its fence, `stale_token`); through the unfenced
 //! one, accepted (marked `stale`) with the edits acknowledged in the meantime
-//! gone from the page.
+//! gone from the page. And a worker's own database login cannot move a
+//! fence behind the gateway's back.
 
 use std::time::Duration;
 
@@ -116,6 +117,21 @@ fn straggler_is_refused_by_the_fence_and_loses_an_update_without_it() {
     if let Err(difference) = transcript::check_output("README.md", &step, &printed) {
         panic!("{difference}");
     }
+
+    // Nor can a straggler reach around the gateway: the database login a
+    // worker is given may not touch the pages, PostgreSQL itself refuses.
+    let env = stack.run(&["env", "worker-1"]);
+    let url = env
+        .lines()
+        .find_map(|l| l.strip_prefix("DATABASE_URL="))
+        .expect("worker-1 has a DATABASE_URL");
+    let attack = "update pages set fence_token = 9223372036854775807 where id = 'demo'";
+    let out = stack.script(&["exec", "postgres", "psql", url, "-c", attack]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("permission denied for table pages"),
+        "worker-1's login moved a fence: {stderr}"
+    );
 }
 
 /// The highest token among accepted PUTs of page `demo` (ZooKeeper's tokens

@@ -155,14 +155,19 @@ fn port_of(address: &str) -> u16 {
         .unwrap_or_else(|_| panic!("no port at the end of {address}"))
 }
 
-/// The services that run `binary` (`gateway`, `worker`) from our image.
+/// The one-shot services: they run once, to the end, before the ones that
+/// wait for them (`service_completed_successfully`); no healthcheck.
+const ONE_SHOT: &[&str] = &["setup"];
+
+/// The long-running services that run `binary` (`gateway`, `worker`) from
+/// our image.
 fn running<'a>(
     services: &'a BTreeMap<String, Value>,
     binary: &'a str,
 ) -> impl Iterator<Item = (&'a String, &'a Value)> {
-    services
-        .iter()
-        .filter(move |(_, s)| our_binary(s).as_deref() == Some(binary))
+    services.iter().filter(move |(name, s)| {
+        our_binary(s).as_deref() == Some(binary) && !ONE_SHOT.contains(&name.as_str())
+    })
 }
 
 /// The file behind `/run/secrets/NAME` in `service`: the secret must be

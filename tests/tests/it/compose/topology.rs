@@ -16,7 +16,7 @@ use super::image::pinned_to_a_patch_release;
 use super::wiring::command_text;
 use super::{
     compose, defaults, docker_compose, environment, our_binary, port_of, running, scalar, services,
-    stack_env, stack_services,
+    stack_env, stack_services, ONE_SHOT,
 };
 
 #[test]
@@ -74,14 +74,19 @@ fn every_service_is_pinned_healthchecked_and_waits_for_healthy_dependencies() {
                 "{name}: image {image} is not pinned to a full patch release"
             );
         }
-        let test = service
-            .get("healthcheck")
-            .and_then(|h| h.get("test"))
-            .unwrap_or_else(|| panic!("{name} has no healthcheck"));
-        assert!(
-            test.as_sequence().is_some_and(|t| !t.is_empty()),
-            "{name}: empty healthcheck"
-        );
+        if ONE_SHOT.contains(&name.as_str()) {
+            assert_eq!(service["restart"].as_str(), Some("no"), "{name} runs once");
+            assert!(service.get("healthcheck").is_none(), "{name} runs once");
+        } else {
+            let test = service
+                .get("healthcheck")
+                .and_then(|h| h.get("test"))
+                .unwrap_or_else(|| panic!("{name} has no healthcheck"));
+            assert!(
+                test.as_sequence().is_some_and(|t| !t.is_empty()),
+                "{name}: empty healthcheck"
+            );
+        }
         if let Some(deps) = service.get("depends_on") {
             let deps = deps
                 .as_mapping()
@@ -92,10 +97,15 @@ fn every_service_is_pinned_healthchecked_and_waits_for_healthy_dependencies() {
                     services.contains_key(dep),
                     "{name} depends on unknown {dep}"
                 );
+                let wanted = if ONE_SHOT.contains(&dep) {
+                    "service_completed_successfully"
+                } else {
+                    "service_healthy"
+                };
                 assert_eq!(
                     spec.get("condition").and_then(Value::as_str),
-                    Some("service_healthy"),
-                    "{name} must wait for {dep} to be healthy"
+                    Some(wanted),
+                    "{name} must wait for {dep}"
                 );
                 assert!(
                     services[dep].get("profiles").is_none() || service.get("profiles").is_some(),
@@ -356,6 +366,9 @@ fn every_healthcheck_asks_what_its_service_is_for() {
     };
     let primary_db = defaults(&services["postgres"])["POSTGRES_DB"].clone();
     for (name, service) in &services {
+        if ONE_SHOT.contains(&name.as_str()) {
+            continue;
+        }
         let env = defaults(service);
         let image = service.get("image").and_then(Value::as_str).unwrap_or("");
         let got = test(name);

@@ -136,7 +136,21 @@ fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_tutorial_says(
                 worker["REDIS_SENTINELS"], worker["REDIS_SENTINEL_MASTER"]
             )
         );
-        assert_eq!(issuers["lease-postgres"], worker["DATABASE_URL"]);
+        // The same lease table, each with its own login: the issuer's reads.
+        let (issuer_login, issuer_table) = login_and_rest(issuers["lease-postgres"]);
+        let (worker_login, worker_table) = login_and_rest(&worker["DATABASE_URL"]);
+        assert_eq!(issuer_table, worker_table);
+        assert_eq!(
+            (issuer_login, worker_login),
+            ("fence_issuer", "fence_worker_1")
+        );
         assert_eq!(issuers["lease-mysql"], worker["MYSQL_URL"]);
     }
+}
+
+/// A URL's login and the rest after its `@`: `(fence_issuer, postgres:5432/pages)`.
+fn login_and_rest(url: &str) -> (&str, &str) {
+    let (_, rest) = url.split_once("://").expect("a URL");
+    let (userinfo, rest) = rest.split_once('@').expect("a login");
+    (userinfo.split(':').next().unwrap_or_default(), rest)
 }

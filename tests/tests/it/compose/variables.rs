@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use clap::{CommandFactory, Parser};
+use clap::{Args, CommandFactory, Parser};
 use serde_yaml::Value;
 
 use super::{
@@ -16,6 +16,7 @@ use super::{
 fn clap_command(binary: &str) -> clap::Command {
     match binary {
         "gateway" => gateway::Config::command(),
+        "gateway setup" => gateway::setup::SetupConfig::augment_args(clap::Command::new("setup")),
         "worker" => worker::config::Config::command(),
         other => panic!("compose runs {other:?}, which is not a binary of this workspace"),
     }
@@ -25,7 +26,8 @@ fn clap_command(binary: &str) -> clap::Command {
 /// on this process's own environment), failing on any the binary lacks.
 fn as_args(binary: &str, env: &BTreeMap<String, String>) -> Vec<String> {
     let command = clap_command(binary);
-    let mut args = vec![binary.to_owned()];
+    // `gateway setup`: the subcommand's name comes first, as on a command line.
+    let mut args = vec![binary.rsplit(' ').next().unwrap_or(binary).to_owned()];
     for (name, value) in env {
         if READ_OUTSIDE_CLAP.contains(&name.as_str()) {
             continue;
@@ -46,6 +48,16 @@ fn as_args(binary: &str, env: &BTreeMap<String, String>) -> Vec<String> {
         }
     }
     args
+}
+
+/// `gateway setup` where the service runs that subcommand, else `binary`.
+fn subcommand_of(binary: &str, service: &Value) -> String {
+    let command = serde_yaml::to_string(&service["command"]).unwrap();
+    if binary == "gateway" && command.contains("setup") {
+        "gateway setup".to_owned()
+    } else {
+        binary.to_owned()
+    }
 }
 
 /// The variables read outside clap: tracing's EnvFilter reads RUST_LOG.
@@ -90,8 +102,15 @@ fn every_variable_compose_passes_is_one_the_binaries_accept_for_every_backend() 
                     env.insert(var.to_string(), file.display().to_string());
                 }
             }
+            let binary = subcommand_of(&binary, &service);
             let args = as_args(&binary, &env);
             match binary.as_str() {
+                "gateway setup" => {
+                    gateway::Cli::try_parse_from(
+                        std::iter::once("gateway".to_owned()).chain(args.clone()),
+                    )
+                    .unwrap_or_else(|e| panic!("{name}: gateway rejects {args:?}: {e}"));
+                }
                 "gateway" => {
                     let config = gateway::Config::try_parse_from(&args)
                         .unwrap_or_else(|e| panic!("{name}: gateway rejects {args:?}: {e}"));
@@ -223,8 +242,11 @@ fn connection_shape(name: &str, value: &str) -> String {
             .split(',')
             .map(|url| {
                 let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-                let path = rest.split_once('/').map(|(_, p)| p).unwrap_or("");
-                format!("{scheme}:/{path}")
+                let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+                // The login: the same in both, hosts and passwords aside.
+                let login = authority.rsplit_once('@').map_or("", |(l, _)| l);
+                let login = login.split(':').next().unwrap_or_default();
+                format!("{scheme}://{login}@/{path}")
             })
             .collect::<Vec<_>>()
             .join(","),
@@ -281,9 +303,16 @@ fn connection_shape_ignores_hosts_but_not_databases() {
     assert_eq!(
         connection_shape(
             "DATABASE_URL",
-            "postgres://postgres:demo@postgres:5432/pages"
+            "postgres://fence_gateway:pw@postgres:5432/pages"
         ),
-        connection_shape("DATABASE_URL", "postgres://postgres@127.0.0.1:15432/pages")
+        connection_shape(
+            "DATABASE_URL",
+            "postgres://fence_gateway:pw@127.0.0.1:15432/pages"
+        )
+    );
+    assert_ne!(
+        connection_shape("DATABASE_URL", "postgres://fence_gateway:pw@h:1/pages"),
+        connection_shape("DATABASE_URL", "postgres://postgres:pw@h:1/pages")
     );
     assert_ne!(
         connection_shape("DATABASE_URL", "postgres://p@h:1/pages"),
