@@ -4,9 +4,13 @@
 //! ([`election`]) on the same recipe.
 //!
 //! # Layout
-//! - `mod.rs`: [`ZooKeeperLock`], the grant (renew, release) and the holder lookup.
+//! - `mod.rs`: [`ZooKeeperLock`], the grant (renew, release), the
+//!   [`HolderLookup`].
 //! - `recipe.rs`: the queue and the non-fair node: waiting, protected
-//!   creation, who holds a lock.
+//!   creation.
+//! - `queue.rs`: which nodes count and in which order (ephemeral ones, by
+//!   creation zxid), read in one round trip.
+//! - `lookup.rs`: who holds a lock, and a bound on its tokens, from outside.
 //! - `rwlock.rs`: [`ZooKeeperReadWriteLock`] and its two halves.
 //! - `session.rs`: the session, retries, deleting our own node and only ours,
 //!   cleaning up after dropped acquires.
@@ -15,11 +19,20 @@
 //!
 //! # The recipe
 //! Each contender creates an EPHEMERAL_SEQUENTIAL node
-//! `/fencing/locks/<name>/_c_<guid>-lock-<seq>`. The lowest sequence holds the
-//! lock; every other contender watches only its immediate predecessor (an
-//! `exists` watch), so a release wakes exactly one waiter (no herd). This is the
-//! ZooKeeper recipe and Apache Curator's `InterProcessMutex` node layout, so
-//! Curator clients and this one queue in the same order on the same lock.
+//! `/fencing/locks/<name>/_c_<guid>-lock-<seq>`. The node created first
+//! holds the lock; every other contender watches only its immediate
+//! predecessor (an `exists` watch), so a release wakes exactly one waiter (no
+//! herd). This is the ZooKeeper recipe and Apache Curator's
+//! `InterProcessMutex` node layout, so Curator clients and this one queue in
+//! the same order on the same lock.
+//!
+//! "First" is the server's order, the creation zxid (czxid), and only
+//! ephemeral nodes count: anyone allowed to create a node in the queue can
+//! name it as they like (a name that looks sequential and sorts first) and
+//! make it persistent (no session end removes it). Such a node is ignored by
+//! the recipe and by the holder lookup; a hand-named ephemeral node queues
+//! where the server created it. Ordering honest nodes by czxid is ordering
+//! them by sequence, so the order Curator sees is the same.
 //!
 //! Grants go in queue order, and a release deletes the node before it
 //! returns, so a client that releases and acquires again queues behind
@@ -97,7 +110,10 @@
 //! lock ([`HolderLookup`]): the head of the queue, its data and its czxid. That
 //! read is preceded by a `sync` (pipelined with it), so that a storage whose
 //! session is on a lagging follower still sees a grant made through the
-//! leader a moment ago.
+//! leader a moment ago. The head is found as the recipe finds it (ephemeral
+//! nodes, by czxid), and its data is trusted only as written at its create.
+//! [`HolderLookup::minted`] answers the lock parent's `pzxid`: every token of
+//! the lock is at or below it, every later one above.
 //!
 //! # Cancellation
 //! Dropping an acquire future midway never leaves a node that blocks others:
@@ -111,7 +127,9 @@
 //! clone of the client is dropped).
 
 pub mod election;
+mod lookup;
 mod path;
+mod queue;
 mod recipe;
 mod rwlock;
 mod session;
@@ -138,7 +156,7 @@ use session::{
 use crate::settings::{Configurable, Settings};
 use crate::{
     lost_channel, AcquireOptions, Fencing, Grant, Holder, HolderLookup, Lease, LockError,
-    LockService, NewLease, Token,
+    LockService, LockState, NewLease, Token,
 };
 
 /// The `Fencing-Issuer` of every ZooKeeper grant.
@@ -380,23 +398,54 @@ impl HolderLookup for ZooKeeperLock {
     /// `sync`, then the lock's exclusive holder and its data: the holder's
     /// client id and czxid. Whatever variant holds it: the head of the queue
     /// when that is a fair mutex or a writer of a read-write lock, or the
-    /// non-fair node. `None` while readers hold it: they share it, and a
-    /// reader's token is not one a fenced write should be accepted with.
+    /// non-fair node; only ephemeral nodes, in the order the server created
+    /// them. `None` while readers hold it: they share it, and a reader's
+    /// token is not one a fenced write should be accepted with.
     fn current_holder<'a>(
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
+        Box::pin(async move { Ok(self.lock_state(name, false).await?.holder) })
+    }
+
+    /// The holder, and the parent's `pzxid` as the bound of its tokens, read
+    /// in the same round trips as the holder alone.
+    fn state<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockState, LockError>> {
+        Box::pin(self.lock_state(name, true))
+    }
+
+    /// An upper bound of every token granted for `name`, in one round trip
+    /// (see `lookup::minted`): a fence set no higher never refuses a later
+    /// grant.
+    fn minted<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Token>, LockError>> {
         Box::pin(async move {
             let parent = format!("{LOCKS_ROOT}/{}", escape_name(name)?);
             let client = self.client().await?;
-            let Some((client_id, czxid)) = recipe::head_of(&client, &parent).await? else {
-                return Ok(None);
-            };
-            Ok(Some(Holder {
+            lookup::minted(&client, LOCKS_ROOT, &parent)
+                .await?
+                .map(czxid_token)
+                .transpose()
+        })
+    }
+}
+
+impl ZooKeeperLock {
+    async fn lock_state(&self, name: &str, with_minted: bool) -> Result<LockState, LockError> {
+        let parent = format!("{LOCKS_ROOT}/{}", escape_name(name)?);
+        let client = self.client().await?;
+        let seen = lookup::holder(&client, LOCKS_ROOT, &parent, with_minted).await?;
+        let holder = match seen.holder {
+            Some((client_id, czxid)) => Some(Holder {
                 client_id,
                 token: czxid_token(czxid)?,
-            }))
-        })
+            }),
+            None => None,
+        };
+        let minted = match seen.minted {
+            Some(zxid) if with_minted => Some(czxid_token(zxid)?),
+            _ => None,
+        };
+        Ok(LockState { holder, minted })
     }
 }
 

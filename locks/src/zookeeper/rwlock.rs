@@ -8,7 +8,9 @@ use futures::future::BoxFuture;
 use super::path::NodeKind;
 use super::ZooKeeperLock;
 use crate::settings::Configurable;
-use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService};
+use crate::{
+    AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService, LockState, Token,
+};
 
 /// A read-write lock service on ZooKeeper: many readers at once, or one
 /// writer. [`read`](Self::read) and [`write`](Self::write) hand out the two
@@ -166,6 +168,14 @@ impl HolderLookup for ZooKeeperReadWriteLock {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
         self.lock.current_holder(name)
+    }
+
+    fn state<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockState, LockError>> {
+        self.lock.state(name)
+    }
+
+    fn minted<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Token>, LockError>> {
+        self.lock.minted(name)
     }
 }
 

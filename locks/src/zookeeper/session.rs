@@ -285,9 +285,10 @@ pub(super) async fn find_by_guid(
         return Ok(None);
     };
     let path = format!("{parent}/{child}");
+    // Ours only if our session created it (a GUID is no secret once listed).
     match retry(|| client.check_stat(&path)).await? {
-        Some(stat) => Ok(Some((path, stat))),
-        None => Ok(None),
+        Some(stat) if stat.ephemeral_owner == client.session_id().0 => Ok(Some((path, stat))),
+        Some(_) | None => Ok(None),
     }
 }
 

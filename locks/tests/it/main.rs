@@ -18,4 +18,5 @@ mod redis_sentinel;
 mod redlock;
 mod support;
 mod zookeeper_lock;
+mod zookeeper_planted;
 mod zookeeper_recipes;

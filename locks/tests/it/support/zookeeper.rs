@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fencelock::zookeeper::{ZooKeeperLock, ZooKeeperReadWriteLock, LOCKS_ROOT};
+use fencelock::zookeeper::{escape_name, ZooKeeperLock, ZooKeeperReadWriteLock, LOCKS_ROOT};
 use harness::ZooKeeper;
 use tokio::sync::OnceCell;
 use zookeeper_client as zk;
@@ -51,4 +51,18 @@ pub async fn lock_nodes(connect_string: &str, name: &str) -> Vec<String> {
         Err(zk::Error::NoNode) => vec![],
         Err(e) => panic!("list children: {e}"),
     }
+}
+
+/// Where the nodes of lock `name` go.
+pub fn parent_of(name: &str) -> String {
+    format!("{LOCKS_ROOT}/{}", escape_name(name).unwrap())
+}
+
+/// Wait until an acquire on `lock` is parked on a watch (queued).
+pub async fn one_parked(lock: &ZooKeeperLock) {
+    harness::wait_until(Duration::from_secs(10), || async {
+        (lock.parked() == 1).then_some(()).ok_or(())
+    })
+    .await
+    .expect("an acquire parks behind the holder");
 }
