@@ -11,6 +11,8 @@
 //! - `queue.rs`: which nodes count and in which order (ephemeral ones, by
 //!   creation zxid), read in one round trip.
 //! - `lookup.rs`: who holds a lock, and a bound on its tokens, from outside.
+//! - `access.rs`: credentials, the ACL of every node, preparing the roots
+//!   ([`Access`], [`prepare_root`]).
 //! - `rwlock.rs`: [`ZooKeeperReadWriteLock`] and its two halves.
 //! - `session.rs`: the session, retries, deleting our own node and only ours,
 //!   cleaning up after dropped acquires.
@@ -115,6 +117,14 @@
 //! [`HolderLookup::minted`] answers the lock parent's `pzxid`: every token of
 //! the lock is at or below it, every later one above.
 //!
+//! # Who may do what
+//! With credentials ([`ZooKeeperLock::connect_with`], [`Access`]) every node
+//! is created with an ACL: lock clients may create and delete nodes in a
+//! lock's queue, only a node's creator may write it, the gateway only reads;
+//! anonymous clients write nowhere, once an operator has run
+//! [`prepare_root`]. The `access` module says which ACL each node gets, and
+//! what ZooKeeper cannot refuse.
+//!
 //! # Cancellation
 //! Dropping an acquire future midway never leaves a node that blocks others:
 //! the node is ephemeral, but the session of a long-lived [`ZooKeeperLock`]
@@ -126,6 +136,7 @@
 //! those tasks does the node wait for the session to end (it ends when the last
 //! clone of the client is dropped).
 
+mod access;
 pub mod election;
 mod lookup;
 mod path;
@@ -144,6 +155,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
+pub use access::{parse_url, prepare_root, Access, Credentials, DigestId, Roles};
 pub use path::escape_name;
 use path::NodeKind;
 use recipe::{Attempt, Held};
@@ -187,6 +199,8 @@ impl Configurable for ZooKeeperLock {
 struct Inner {
     connect_string: String,
     requested_timeout: Duration,
+    /// Who the session authenticates as, and the ACLs of what it creates.
+    access: Access,
     session: AsyncMutex<zk::Client>,
     wakeups: AtomicU64,
     parked: AtomicU64,
@@ -196,20 +210,50 @@ impl ZooKeeperLock {
     /// Open a session on `connect_string` (`host:port[,host:port...]`), asking
     /// for `session_timeout` (the server clamps it to its min/max). A bad
     /// string is `InvalidConfig`; no server reachable is `Unavailable`, at once.
+    /// No credentials: every node it creates is open to anyone
+    /// ([`Access::open`]).
     pub async fn connect(
         connect_string: &str,
         session_timeout: Duration,
+    ) -> Result<Self, LockError> {
+        Self::connect_with(connect_string, session_timeout, &Access::open()).await
+    }
+
+    /// [`connect`](Self::connect), authenticated as `access` says, every node
+    /// it creates with `access`' ACLs (and every later session too).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), fencelock::LockError> {
+    /// use std::time::Duration;
+    /// use fencelock::zookeeper::{Access, Credentials, DigestId, Roles, ZooKeeperLock};
+    ///
+    /// // The ids are public; each password only its own user knows.
+    /// let admin: DigestId = "admin:fvr2cB/fjGeAiX8g1aGhUm3ZICk=".parse()?;
+    /// let lock_clients: Credentials = "lock-clients:lc-secret".parse()?;
+    /// let gateway: DigestId = "gateway:ZRRkjMCYlzqdwH9JGwWGDNBk3Lg=".parse()?;
+    /// let roles = Roles::new(admin, lock_clients.id()).reader(gateway);
+    /// let access = Access::lock_client("worker-1:w1-secret".parse()?, lock_clients, &roles)?;
+    /// let locks = ZooKeeperLock::connect_with("zk1:2181", Duration::from_secs(4), &access)
+    ///     .await?
+    ///     .with_client_id("worker-1")?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with(
+        connect_string: &str,
+        session_timeout: Duration,
+        access: &Access,
     ) -> Result<Self, LockError> {
         if session_timeout < Duration::from_millis(100) {
             return Err(LockError::InvalidConfig(format!(
                 "zookeeper session timeout {session_timeout:?} is below 100ms"
             )));
         }
-        let client = new_session(connect_string, session_timeout).await?;
+        let client = new_session(connect_string, session_timeout, access.credentials()).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 connect_string: connect_string.to_string(),
                 requested_timeout: session_timeout,
+                access: access.clone(),
                 session: AsyncMutex::new(client),
                 wakeups: AtomicU64::new(0),
                 parked: AtomicU64::new(0),
@@ -272,8 +316,12 @@ impl ZooKeeperLock {
         let state = session.state();
         if state.is_terminated() {
             tracing::warn!(?state, "zookeeper session ended; opening a new one");
-            *session =
-                new_session(&self.inner.connect_string, self.inner.requested_timeout).await?;
+            *session = new_session(
+                &self.inner.connect_string,
+                self.inner.requested_timeout,
+                self.inner.access.credentials(),
+            )
+            .await?;
         }
         Ok(session.clone())
     }
@@ -294,6 +342,7 @@ impl ZooKeeperLock {
         wait: Option<Duration>,
         id: &str,
     ) -> Result<Lease, LockError> {
+        self.inner.access.check_may_lock()?;
         let parent = format!("{root}/{}", escape_name(name)?);
         let client = self.client().await?;
         let start = Instant::now();
@@ -305,6 +354,7 @@ impl ZooKeeperLock {
             root,
             parent: &parent,
             data: data.as_bytes(),
+            access: &self.inner.access,
             name,
             start,
             deadline,

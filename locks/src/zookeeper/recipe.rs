@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
+use super::access::Access;
 use super::path::{node_name, NodeKind, Role, NON_FAIR_NODE};
 use super::queue::{counted, is_ephemeral, Counted};
 use super::session::{
@@ -45,7 +46,7 @@ impl ZooKeeperLock {
         // its answer. ZooKeeper answers one session's requests in order, so
         // the listing already holds our node (found by its GUID): an
         // uncontended acquire costs one round trip, not two.
-        let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let mode = zk::CreateMode::EphemeralSequential.with_acls(at.access.node_acls());
         let listed_at = Instant::now();
         let (created, listed) = tokio::join!(
             client.create(&prefix, at.data, &mode),
@@ -171,7 +172,7 @@ impl ZooKeeperLock {
             path: path.clone(),
             data: at.data.to_vec(),
         });
-        let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        let ephemeral = zk::CreateMode::Ephemeral.with_acls(at.access.node_acls());
         loop {
             let sent = Instant::now();
             let (created, listed) = tokio::join!(
@@ -349,6 +350,8 @@ pub(super) struct Attempt<'a> {
     pub(super) parent: &'a str,
     /// The node's data: `<guid>\n<id>`.
     pub(super) data: &'a [u8],
+    /// The ACLs of the nodes it creates.
+    pub(super) access: &'a Access,
     pub(super) name: &'a str,
     pub(super) start: Instant,
     /// `None`: wait forever.
@@ -399,7 +402,7 @@ async fn create_protected(
     guid_prefix: &str,
     first_attempt: Result<(zk::Stat, zk::CreateSequence), zk::Error>,
 ) -> Result<(String, zk::Stat), LockError> {
-    let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let mode = zk::CreateMode::EphemeralSequential.with_acls(at.access.node_acls());
     let mut attempt = first_attempt;
     for _ in 0..CONNECTION_LOSS_RETRIES {
         match attempt {
@@ -423,17 +426,29 @@ async fn create_protected(
     ))
 }
 
-/// `root` as persistent nodes, then the lock's parent as a CONTAINER node
-/// (ZooKeeper deletes it once it is empty, so idle locks leave nothing behind).
+/// The lock's parent, as a CONTAINER node (ZooKeeper deletes it once it
+/// is empty, so idle locks leave nothing behind). Without credentials the
+/// root is created too, open to anyone; with them, an operator prepares
+/// it ([`super::prepare_root`]): a root a lock client made could be given
+/// any ACL, by whoever came first.
 async fn ensure_parent(at: &Attempt<'_>) -> Result<(), LockError> {
-    let client = at.client;
-    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    retry(|| client.mkdir(at.root, &persistent))
-        .await
-        .map_err(zk_error)?;
-    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-    match retry(|| client.create(at.parent, &[], &container)).await {
-        Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-        Err(e) => Err(zk_error(e)),
+    let (client, root) = (at.client, at.root);
+    let container = zk::CreateMode::Container.with_acls(at.access.parent_acls());
+    for _ in 0..2 {
+        match retry(|| client.create(at.parent, &[], &container)).await {
+            Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+            Err(zk::Error::NoNode) if at.access.creates_roots() => {
+                let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                retry(|| client.mkdir(root, &persistent))
+                    .await
+                    .map_err(zk_error)?;
+            }
+            Err(zk::Error::NoNode) => break,
+            Err(e) => return Err(zk_error(e)),
+        }
     }
+    Err(LockError::InvalidConfig(format!(
+        "the zookeeper lock root {root} does not exist: an operator creates it with its \
+         ACLs before lock clients with credentials use it (fencelock::zookeeper::prepare_root)"
+    )))
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use super::path::NodeKind;
-use super::ZooKeeperLock;
+use super::{Access, ZooKeeperLock};
 use crate::settings::Configurable;
 use crate::{
     AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService, LockState, Token,
@@ -103,9 +103,21 @@ impl ZooKeeperReadWriteLock {
         connect_string: &str,
         session_timeout: Duration,
     ) -> Result<Self, LockError> {
-        Ok(ZooKeeperLock::connect(connect_string, session_timeout)
-            .await?
-            .read_write())
+        Self::connect_with(connect_string, session_timeout, &Access::open()).await
+    }
+
+    /// Open a session with credentials and ACLs, as
+    /// [`ZooKeeperLock::connect_with`].
+    pub async fn connect_with(
+        connect_string: &str,
+        session_timeout: Duration,
+        access: &Access,
+    ) -> Result<Self, LockError> {
+        Ok(
+            ZooKeeperLock::connect_with(connect_string, session_timeout, access)
+                .await?
+                .read_write(),
+        )
     }
 
     /// Record `id` as this client's id in the data of every node.

@@ -1,5 +1,5 @@
-//! Nodes planted by hand in a lock's queue, by a client with every right:
-//! the recipes and
+//! Nodes planted by hand in a lock's queue, by a client with every right
+//! (anyone on an open server, the admin on a secured one): the recipes and
 //! the holder lookup count only ephemeral nodes, in the order the server
 //! created them, so a persistent "holder" holds nothing and a node named to
 //! sort first queues where it was created. And the bound on a lock's
@@ -12,7 +12,7 @@ use fencelock::{HolderLookup, LockError, LockService};
 use zookeeper_client as zk;
 
 use crate::support::zookeeper::{
-    connect, connect_rw, connect_string, one_parked, parent_of, SESSION,
+    connect, connect_rw, connect_string, one_parked, parent_of, raw_client, secured, SESSION,
 };
 use crate::support::{assert_timeout, held, holder_of};
 
@@ -86,6 +86,23 @@ async fn persistent_nodes_planted_by_anyone_on_an_open_server_hold_nothing() {
     let planter = zk::Client::connect(&cs).await.unwrap();
     let locks = connect(&cs).await.with_client_id("alice").unwrap();
     persistent_nodes_hold_nothing(&planter, &locks, "planted-open").await;
+}
+
+#[tokio::test]
+async fn persistent_nodes_planted_by_the_admin_hold_nothing() {
+    let s = secured().await;
+    let planter = raw_client(&s.connect_string(), &["admin"]).await;
+    let locks = s.lock_client("worker-a").await;
+    persistent_nodes_hold_nothing(&planter, &locks, "planted-by-admin").await;
+    // The gateway's own session sees no holder either.
+    assert_eq!(
+        s.gateway()
+            .await
+            .current_holder("planted-by-admin")
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 /// An ephemeral node named to sort first, created while a holder and a
