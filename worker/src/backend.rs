@@ -108,8 +108,9 @@ mod tests {
     use std::time::Duration;
 
     use clap::Parser;
-    use fencelock::zookeeper::{prepare_root, Access, Credentials, Roles};
     use fencelock::HolderLookup;
+    use harness::zookeeper::secured::credentials;
+    use harness::zookeeper::SecuredZooKeeper;
 
     use super::*;
 
@@ -118,22 +119,18 @@ mod tests {
     /// lock; the same worker without them is refused by ZooKeeper.
     #[tokio::test]
     async fn a_worker_with_zookeeper_credentials_locks_as_its_own_user() {
-        let user = |name: &str| Credentials::new(name, format!("{name}-pw")).unwrap();
-        let zk = harness::ZooKeeper::start_with_super_digest(user("admin").id().to_string()).await;
+        let zk = SecuredZooKeeper::start().await;
         let cs = zk.connect_string();
-        let roles =
-            Roles::new(user("admin").id(), user("lock-clients").id()).reader(user("gateway").id());
-        prepare_root(&cs, &user("admin"), &roles).await.unwrap();
         let config = Config::try_parse_from([
             "worker",
             "--backend=zookeeper",
             &format!("--zookeeper-connect={cs}"),
             "--gateway=http://g",
             "--client-id=worker-1",
-            "--zookeeper-auth=worker-1:worker-1-pw",
-            "--zookeeper-lock-clients-auth=lock-clients:lock-clients-pw",
-            &format!("--zookeeper-admin-id={}", user("admin").id()),
-            &format!("--zookeeper-reader-ids={}", user("gateway").id()),
+            "--zookeeper-auth=worker-1:worker-1-secret",
+            "--zookeeper-lock-clients-auth=lock-clients:lock-clients-secret",
+            &format!("--zookeeper-admin-id={}", credentials("admin").id()),
+            &format!("--zookeeper-reader-ids={}", credentials("gateway").id()),
         ])
         .unwrap();
         let lock = config.lock_name();
@@ -142,10 +139,9 @@ mod tests {
             .acquire(&lock, config.ttl, Duration::ZERO)
             .await
             .unwrap();
-        let gateway =
-            ZooKeeperLock::connect_with(&cs, config.ttl, &Access::reader(user("gateway")))
-                .await
-                .unwrap();
+        let gateway = ZooKeeperLock::connect_with(&cs, config.ttl, &zk.reader_access("gateway"))
+            .await
+            .unwrap();
         let holder = gateway.current_holder(&lock).await.unwrap().unwrap();
         assert_eq!(
             (holder.client_id.as_str(), Some(holder.token)),

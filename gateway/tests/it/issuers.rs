@@ -8,11 +8,10 @@ use std::time::Duration;
 use crate::common::{gateway_with, keyed, Api, Reply};
 use fencelock::lease_table::LeaseTable;
 use fencelock::redis::RedisLock;
-use fencelock::zookeeper::{
-    escape_name, prepare_root, Access, Credentials, Roles, ZooKeeperLock, LOCKS_ROOT,
-};
+use fencelock::zookeeper::{escape_name, ZooKeeperLock, LOCKS_ROOT};
 use fencelock::{Backend, Lease, LockService};
 use gateway::FenceCheck;
+use harness::zookeeper::SecuredZooKeeper;
 use rand::Rng;
 use serde_json::json;
 
@@ -462,14 +461,9 @@ async fn planted_zookeeper_nodes_are_no_holders_and_their_czxids_are_refused() {
 /// who holds the lock (ZooKeeper refuses: NoAuth), so it writes nothing.
 #[tokio::test]
 async fn the_gateway_reads_a_secured_zookeeper_as_its_own_user() {
-    let user = |name: &str| Credentials::new(name, format!("{name}/secret")).unwrap();
-    let zk = harness::ZooKeeper::start_with_super_digest(user("admin").id().to_string()).await;
+    let zk = SecuredZooKeeper::start().await;
     let cs = zk.connect_string();
-    let roles =
-        Roles::new(user("admin").id(), user("lock-clients").id()).reader(user("gateway").id());
-    prepare_root(&cs, &user("admin"), &roles).await.unwrap();
-    let access = Access::lock_client(user("worker-1"), user("lock-clients"), &roles).unwrap();
-    let locks = ZooKeeperLock::connect_with(&cs, TTL, &access)
+    let locks = ZooKeeperLock::connect_with(&cs, TTL, &zk.lock_client_access("worker-1"))
         .await
         .unwrap()
         .with_client_id("alice")
@@ -489,8 +483,8 @@ async fn the_gateway_reads_a_secured_zookeeper_as_its_own_user() {
     }
     assert_eq!(anon_api.snapshot(PAGE).await, (None, vec![]));
 
-    // The password percent-encoded, as a URL carries it.
-    let url = format!("zookeeper://gateway:gateway%2Fsecret@{cs}/");
+    // The password percent-encoded, as a URL may carry it.
+    let url = format!("zookeeper://gateway:gateway%2Dsecret@{cs}/");
     let (_gw, api, _) = gateway_with(keyed(FenceCheck::Enforce).issuer("zookeeper", &url)).await;
     put_once_the_issuer_answers(&api.as_client("alice"), "checked", &offer)
         .await

@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use super::path::NodeKind;
-use super::{Access, ZooKeeperLock};
+use super::ZooKeeperLock;
 use crate::settings::Configurable;
 use crate::{
     AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService, LockState, Token,
@@ -98,26 +98,15 @@ pub struct ZooKeeperWriteLock {
 }
 
 impl ZooKeeperReadWriteLock {
-    /// Open a session, as [`ZooKeeperLock::connect`].
+    /// Open a session, as [`ZooKeeperLock::connect`]. With credentials:
+    /// [`ZooKeeperLock::connect_with`], then [`ZooKeeperLock::read_write`].
     pub async fn connect(
         connect_string: &str,
         session_timeout: Duration,
     ) -> Result<Self, LockError> {
-        Self::connect_with(connect_string, session_timeout, &Access::open()).await
-    }
-
-    /// Open a session with credentials and ACLs, as
-    /// [`ZooKeeperLock::connect_with`].
-    pub async fn connect_with(
-        connect_string: &str,
-        session_timeout: Duration,
-        access: &Access,
-    ) -> Result<Self, LockError> {
-        Ok(
-            ZooKeeperLock::connect_with(connect_string, session_timeout, access)
-                .await?
-                .read_write(),
-        )
+        Ok(ZooKeeperLock::connect(connect_string, session_timeout)
+            .await?
+            .read_write())
     }
 
     /// Record `id` as this client's id in the data of every node.

@@ -9,16 +9,17 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::zookeeper::{
-    prepare_root, Access, ZooKeeperLock, ZooKeeperReadWriteLock, ELECTIONS_ROOT, LOCKS_ROOT,
-};
+use fencelock::zookeeper::{prepare_root, Access, ZooKeeperLock, ELECTIONS_ROOT, LOCKS_ROOT};
 use fencelock::{HolderLookup, LockError, LockService};
+use harness::zookeeper::secured::{credentials, roles};
 use harness::zookeeper::ZooKeeperEnsemble;
 use harness::ZooKeeper;
 use zookeeper_client as zk;
 
 use crate::support::contract;
-use crate::support::zookeeper::{creds, only_node, parent_of, raw_client, roles, secured, SESSION};
+use crate::support::zookeeper::{
+    gateway, lock_client, only_node, parent_of, raw_client, secured, SESSION,
+};
 use crate::support::{assert_timeout, held, holder_of};
 
 /// ZooKeeper refused `what` for lack of rights.
@@ -50,7 +51,7 @@ async fn anonymous_clients_write_nowhere() {
     let s = secured().await;
     let cs = s.connect_string();
     let name = "acl-anonymous";
-    let lease = held(&s.lock_client("worker-a").await, name, SESSION).await;
+    let lease = held(&lock_client("worker-a").await, name, SESSION).await;
     let node = only_node(&cs, name).await;
     let parent = parent_of(name);
     let anonymous = raw_client(&cs, &[]).await;
@@ -106,7 +107,7 @@ async fn a_lock_client_writes_no_other_clients_node_nor_the_roots() {
     let s = secured().await;
     let cs = s.connect_string();
     let name = "acl-other-client";
-    let lease = held(&s.lock_client("worker-a").await, name, SESSION).await;
+    let lease = held(&lock_client("worker-a").await, name, SESSION).await;
     let node = only_node(&cs, name).await;
     let parent = parent_of(name);
     let b = raw_client(&cs, &["worker-b", "lock-clients"]).await;
@@ -148,7 +149,7 @@ async fn a_lock_client_writes_no_other_clients_node_nor_the_roots() {
     b.delete(&format!("{parent}/mine"), None).await.unwrap();
     // Its creator may write it (the recipes never do); the holder lookup
     // then trusts its data no more.
-    let holder = s.gateway().await;
+    let holder = gateway().await;
     assert_eq!(
         holder.current_holder(name).await.unwrap(),
         holder_of(&lease)
@@ -169,7 +170,7 @@ async fn a_lock_client_can_delete_another_clients_node_which_ends_that_lease() {
     let s = secured().await;
     let cs = s.connect_string();
     let name = "acl-delete-other";
-    let lease = held(&s.lock_client("worker-a").await, name, SESSION).await;
+    let lease = held(&lock_client("worker-a").await, name, SESSION).await;
     let b = raw_client(&cs, &["worker-b", "lock-clients"]).await;
     b.delete(&only_node(&cs, name).await, None)
         .await
@@ -178,7 +179,7 @@ async fn a_lock_client_can_delete_another_clients_node_which_ends_that_lease() {
         lease.renew().await,
         Err(LockError::NotHeld { .. })
     ));
-    assert_eq!(s.gateway().await.current_holder(name).await.unwrap(), None);
+    assert_eq!(gateway().await.current_holder(name).await.unwrap(), None);
 }
 
 #[tokio::test]
@@ -186,11 +187,11 @@ async fn the_gateway_reads_the_holder_and_writes_nothing() {
     let s = secured().await;
     let cs = s.connect_string();
     let name = "acl-gateway";
-    let lease = held(&s.lock_client("worker-a").await, name, SESSION).await;
+    let lease = held(&lock_client("worker-a").await, name, SESSION).await;
     let node = only_node(&cs, name).await;
     let parent = parent_of(name);
 
-    let gateway = s.gateway().await;
+    let gateway = gateway().await;
     assert_eq!(
         gateway.current_holder(name).await.unwrap(),
         holder_of(&lease)
@@ -229,14 +230,13 @@ async fn the_gateway_reads_the_holder_and_writes_nothing() {
 /// guarantees.
 #[tokio::test]
 async fn lock_clients_with_credentials_meet_the_lock_contract() {
-    let s = secured().await;
-    let a = s.lock_client("worker-a").await;
+    let a = lock_client("worker-a").await;
     let svc: Arc<dyn LockService> = Arc::new(a.clone());
     contract::mutual_exclusion_under_contention(svc, "acl-contract-mutex", 4, 5).await;
     contract::tokens_strictly_increase(&a, "acl-contract-tokens", 3).await;
     contract::holder_lookup_names_the_client_and_token(
         &a,
-        &s.gateway().await,
+        &gateway().await,
         "worker-a",
         "acl-contract-lookup",
         false,
@@ -246,7 +246,7 @@ async fn lock_clients_with_credentials_meet_the_lock_contract() {
     contract::bad_requests_are_invalid_config(&a).await;
 
     // Two clients of their own users share the queue.
-    let b = s.lock_client("worker-b").await;
+    let b = lock_client("worker-b").await;
     let first = held(&a, "acl-contract-two", SESSION).await;
     assert_timeout(
         b.acquire("acl-contract-two", SESSION, Duration::from_millis(200))
@@ -261,10 +261,7 @@ async fn lock_clients_with_credentials_meet_the_lock_contract() {
         .unwrap();
 
     // The read-write lock and the election (its own prepared root).
-    let rw =
-        ZooKeeperReadWriteLock::connect_with(&s.connect_string(), SESSION, &s.access("worker-a"))
-            .await
-            .unwrap();
+    let rw = a.read_write();
     let reader = held(&rw.read(), "acl-contract-rw", SESSION).await;
     assert_timeout(
         rw.write()
@@ -296,7 +293,12 @@ async fn lock_clients_with_credentials_meet_the_lock_contract() {
 async fn preparing_the_root_is_needed_idempotent_and_reseals_open_parents() {
     let zk = ZooKeeper::start().await;
     let cs = zk.connect_string();
-    let access = Access::lock_client(creds("worker-a"), creds("lock-clients"), &roles()).unwrap();
+    let access = Access::lock_client(
+        credentials("worker-a"),
+        credentials("lock-clients"),
+        &roles(),
+    )
+    .unwrap();
     let a = ZooKeeperLock::connect_with(&cs, SESSION, &access)
         .await
         .unwrap();
@@ -309,7 +311,7 @@ async fn preparing_the_root_is_needed_idempotent_and_reseals_open_parents() {
     let lease = held(&open, "old", SESSION).await;
 
     for _ in 0..2 {
-        prepare_root(&cs, &creds("admin"), &roles())
+        prepare_root(&cs, &credentials("admin"), &roles())
             .await
             .expect("prepare as admin");
     }
@@ -343,15 +345,25 @@ async fn preparing_the_root_is_needed_idempotent_and_reseals_open_parents() {
 /// the operator set through one of them.
 #[tokio::test]
 async fn an_ensemble_enforces_the_acls_on_every_server() {
-    let ensemble = ZooKeeperEnsemble::start_with_super_digest(creds("admin").id().as_str()).await;
+    let ensemble =
+        ZooKeeperEnsemble::start_with_super_digest(credentials("admin").id().as_str()).await;
     ensemble
         .wait_all_serving(Duration::from_secs(60))
         .await
         .expect("all three serve");
-    prepare_root(&ensemble.connect_string_to(0), &creds("admin"), &roles())
-        .await
-        .expect("prepare through one server");
-    let access = Access::lock_client(creds("worker-a"), creds("lock-clients"), &roles()).unwrap();
+    prepare_root(
+        &ensemble.connect_string_to(0),
+        &credentials("admin"),
+        &roles(),
+    )
+    .await
+    .expect("prepare through one server");
+    let access = Access::lock_client(
+        credentials("worker-a"),
+        credentials("lock-clients"),
+        &roles(),
+    )
+    .unwrap();
     let a = ZooKeeperLock::connect_with(&ensemble.connect_string_to(1), SESSION, &access)
         .await
         .unwrap()
@@ -361,7 +373,7 @@ async fn an_ensemble_enforces_the_acls_on_every_server() {
     let gateway = ZooKeeperLock::connect_with(
         &ensemble.connect_string_to(2),
         SESSION,
-        &Access::reader(creds("gateway")),
+        &Access::reader(credentials("gateway")),
     )
     .await
     .unwrap();

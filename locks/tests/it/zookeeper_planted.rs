@@ -12,7 +12,8 @@ use fencelock::{HolderLookup, LockError, LockService};
 use zookeeper_client as zk;
 
 use crate::support::zookeeper::{
-    connect, connect_rw, connect_string, one_parked, parent_of, raw_client, secured, SESSION,
+    connect, connect_rw, connect_string, gateway, lock_client, one_parked, parent_of, raw_client,
+    secured, SESSION,
 };
 use crate::support::{assert_timeout, held, holder_of};
 
@@ -92,11 +93,11 @@ async fn persistent_nodes_planted_by_anyone_on_an_open_server_hold_nothing() {
 async fn persistent_nodes_planted_by_the_admin_hold_nothing() {
     let s = secured().await;
     let planter = raw_client(&s.connect_string(), &["admin"]).await;
-    let locks = s.lock_client("worker-a").await;
+    let locks = lock_client("worker-a").await;
     persistent_nodes_hold_nothing(&planter, &locks, "planted-by-admin").await;
     // The gateway's own session sees no holder either.
     assert_eq!(
-        s.gateway()
+        gateway()
             .await
             .current_holder("planted-by-admin")
             .await

@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use fencelock::zookeeper::{
-    escape_name, prepare_root, Access, Credentials, Roles, ZooKeeperLock, ZooKeeperReadWriteLock,
-    LOCKS_ROOT,
-};
+use fencelock::zookeeper::{escape_name, ZooKeeperLock, ZooKeeperReadWriteLock, LOCKS_ROOT};
+use harness::zookeeper::SecuredZooKeeper;
 use harness::ZooKeeper;
 use tokio::sync::OnceCell;
 use zookeeper_client as zk;
@@ -57,67 +55,31 @@ pub async fn lock_nodes(connect_string: &str, name: &str) -> Vec<String> {
     }
 }
 
-/// Each test user's credentials: `<user>:<user>-secret`.
-pub fn creds(user: &str) -> Credentials {
-    Credentials::new(user, format!("{user}-secret")).expect("test credentials")
+/// The shared secured server ([`SecuredZooKeeper`]): `admin` its
+/// superuser, the lock roots prepared. One for the whole binary (each test
+/// uses its own lock names).
+pub async fn secured() -> &'static SecuredZooKeeper {
+    static SECURED: OnceCell<SecuredZooKeeper> = OnceCell::const_new();
+    SECURED.get_or_init(SecuredZooKeeper::start).await
 }
 
-/// The identities the secured server's ACLs name: `admin`, `lock-clients`,
-/// and `gateway` reading.
-pub fn roles() -> Roles {
-    Roles::new(creds("admin").id(), creds("lock-clients").id()).reader(creds("gateway").id())
-}
-
-/// A ZooKeeper server as the stack runs it: `admin` is its superuser, and
-/// its roots were prepared with [`roles`]. One for the whole binary (each
-/// test uses its own lock names).
-pub struct Secured {
-    pub zk: ZooKeeper,
-}
-
-/// The [`Secured`] server.
-pub async fn secured() -> &'static Secured {
-    static SECURED: OnceCell<Secured> = OnceCell::const_new();
-    SECURED
-        .get_or_init(|| async {
-            let zk = ZooKeeper::start_with_super_digest(creds("admin").id().to_string()).await;
-            prepare_root(&zk.connect_string(), &creds("admin"), &roles())
-                .await
-                .expect("prepare the lock roots as admin");
-            Secured { zk }
-        })
+/// A lock service of lock client `user` on the [`secured`] server,
+/// recording `user` as its id.
+pub async fn lock_client(user: &str) -> ZooKeeperLock {
+    let s = secured().await;
+    ZooKeeperLock::connect_with(&s.connect_string(), SESSION, &s.lock_client_access(user))
         .await
+        .expect("connect as a lock client")
+        .with_client_id(user)
+        .unwrap()
 }
 
-impl Secured {
-    pub fn connect_string(&self) -> String {
-        self.zk.connect_string()
-    }
-
-    /// How lock client `user` authenticates: as itself and as `lock-clients`.
-    pub fn access(&self, user: &str) -> Access {
-        Access::lock_client(creds(user), creds("lock-clients"), &roles()).expect("access")
-    }
-
-    /// A lock service for lock client `user`, recording `user` as its id.
-    pub async fn lock_client(&self, user: &str) -> ZooKeeperLock {
-        ZooKeeperLock::connect_with(&self.connect_string(), SESSION, &self.access(user))
-            .await
-            .expect("connect as a lock client")
-            .with_client_id(user)
-            .unwrap()
-    }
-
-    /// The gateway's session: it reads, as `gateway`.
-    pub async fn gateway(&self) -> ZooKeeperLock {
-        ZooKeeperLock::connect_with(
-            &self.connect_string(),
-            SESSION,
-            &Access::reader(creds("gateway")),
-        )
+/// The gateway's session on the [`secured`] server: it reads, as `gateway`.
+pub async fn gateway() -> ZooKeeperLock {
+    let s = secured().await;
+    ZooKeeperLock::connect_with(&s.connect_string(), SESSION, &s.reader_access("gateway"))
         .await
         .expect("connect as the gateway")
-    }
 }
 
 /// A plain client on `connect_string`, authenticated as each of `users`
