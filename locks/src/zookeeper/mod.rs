@@ -137,6 +137,7 @@
 //! clone of the client is dropped).
 
 mod access;
+mod credentials;
 pub mod election;
 mod lookup;
 mod path;
@@ -155,7 +156,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-pub use access::{parse_url, prepare_root, Access, Credentials, DigestId, Roles};
+pub use access::{prepare_root, Access, Roles};
+pub use credentials::{parse_url, Credentials, DigestId};
 pub use path::escape_name;
 use path::NodeKind;
 use recipe::{Attempt, Held};

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
-use super::access::Credentials;
+use super::credentials::Credentials;
 use super::ISSUER;
 use crate::{LockError, LostTrigger};
 
