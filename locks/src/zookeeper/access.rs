@@ -317,11 +317,8 @@ fn refused(path: &str, e: zk::Error) -> LockError {
 
 #[cfg(test)]
 mod tests {
+    use super::super::credentials::tests::creds;
     use super::*;
-
-    fn creds(s: &str) -> Credentials {
-        s.parse().unwrap()
-    }
 
     #[test]
     fn passwords_never_show() {

@@ -175,10 +175,11 @@ pub fn parse_url(url: &str) -> Result<(String, Option<Credentials>), LockError> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn creds(s: &str) -> Credentials {
+    /// `user:password` parsed (the ACL tests use it too).
+    pub(in crate::zookeeper) fn creds(s: &str) -> Credentials {
         s.parse().unwrap()
     }
 

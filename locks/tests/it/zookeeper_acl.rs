@@ -46,14 +46,19 @@ const EPHEMERAL: zk::CreateOptions<'static> =
 const PERSISTENT: zk::CreateOptions<'static> =
     zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
 
-#[tokio::test]
-async fn anonymous_clients_write_nowhere() {
-    let s = secured().await;
-    let cs = s.connect_string();
-    let name = "acl-anonymous";
+/// Lock `name` held by lock client `worker-a` on the secured server: the
+/// server's connect string, the lease, its lock node and that node's parent.
+async fn held_by_worker_a(name: &str) -> (String, fencelock::Lease, String, String) {
+    let cs = secured().await.connect_string();
     let lease = held(&lock_client("worker-a").await, name, SESSION).await;
     let node = only_node(&cs, name).await;
-    let parent = parent_of(name);
+    (cs, lease, node, parent_of(name))
+}
+
+#[tokio::test]
+async fn anonymous_clients_write_nowhere() {
+    let name = "acl-anonymous";
+    let (cs, lease, node, parent) = held_by_worker_a(name).await;
     let anonymous = raw_client(&cs, &[]).await;
 
     for path in [
@@ -104,12 +109,8 @@ async fn anonymous_clients_write_nowhere() {
 
 #[tokio::test]
 async fn a_lock_client_writes_no_other_clients_node_nor_the_roots() {
-    let s = secured().await;
-    let cs = s.connect_string();
     let name = "acl-other-client";
-    let lease = held(&lock_client("worker-a").await, name, SESSION).await;
-    let node = only_node(&cs, name).await;
-    let parent = parent_of(name);
+    let (cs, lease, node, parent) = held_by_worker_a(name).await;
     let b = raw_client(&cs, &["worker-b", "lock-clients"]).await;
 
     assert_no_auth(
@@ -167,12 +168,10 @@ async fn a_lock_client_writes_no_other_clients_node_nor_the_roots() {
 /// any. That is a release: the holder learns it at its next renewal.
 #[tokio::test]
 async fn a_lock_client_can_delete_another_clients_node_which_ends_that_lease() {
-    let s = secured().await;
-    let cs = s.connect_string();
     let name = "acl-delete-other";
-    let lease = held(&lock_client("worker-a").await, name, SESSION).await;
+    let (cs, lease, node, _) = held_by_worker_a(name).await;
     let b = raw_client(&cs, &["worker-b", "lock-clients"]).await;
-    b.delete(&only_node(&cs, name).await, None)
+    b.delete(&node, None)
         .await
         .expect("the parent's delete right covers every node in it");
     assert!(matches!(
@@ -184,12 +183,8 @@ async fn a_lock_client_can_delete_another_clients_node_which_ends_that_lease() {
 
 #[tokio::test]
 async fn the_gateway_reads_the_holder_and_writes_nothing() {
-    let s = secured().await;
-    let cs = s.connect_string();
     let name = "acl-gateway";
-    let lease = held(&lock_client("worker-a").await, name, SESSION).await;
-    let node = only_node(&cs, name).await;
-    let parent = parent_of(name);
+    let (cs, lease, node, parent) = held_by_worker_a(name).await;
 
     let gateway = gateway().await;
     assert_eq!(
