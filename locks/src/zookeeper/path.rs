@@ -141,23 +141,15 @@ mod tests {
     #[test]
     fn children_are_named_as_queue_nodes_or_the_non_fair_node() {
         let guid = "0b5e7c1a-9f00-4e7e-8d0b-1c2d3e4f5a6b";
-        let role = |name: String| Role::of(&name);
-        assert_eq!(
-            role(format!("_c_{guid}-lock-0000000042")),
-            Some(Role::Queued(NodeKind::Lock))
-        );
-        assert_eq!(
-            role(format!("_c_{guid}-read-0000000007")),
-            Some(Role::Queued(NodeKind::Read))
-        );
-        assert_eq!(
-            role(format!("_c_{guid}-write-0000000008")),
-            Some(Role::Queued(NodeKind::Write))
-        );
-        assert_eq!(
-            role(format!("_c_{guid}-lock--2147483648")),
-            Some(Role::Queued(NodeKind::Lock))
-        );
+        for (suffix, kind) in [
+            ("lock-0000000042", NodeKind::Lock),
+            ("read-0000000007", NodeKind::Read),
+            ("write-0000000008", NodeKind::Write),
+            ("lock--2147483648", NodeKind::Lock),
+        ] {
+            let name = format!("_c_{guid}-{suffix}");
+            assert_eq!(Role::of(&name), Some(Role::Queued(kind)), "{name}");
+        }
         assert_eq!(Role::of(NON_FAIR_NODE), Some(Role::NonFair));
         assert_eq!(Role::of("_c_x-lock-"), None);
         assert_eq!(Role::of("other-lock-0000000001"), None);
