@@ -21,7 +21,7 @@ use std::time::Duration;
 use fencelock::lease_table::{LeaseTable, LeaseTableOptions};
 use fencelock::redis::RedisLock;
 use fencelock::redis_sentinel::RedisSentinelLock;
-use fencelock::zookeeper::ZooKeeperLock;
+use fencelock::zookeeper::{self, Access, ZooKeeperLock};
 use fencelock::{Backend, Holder, HolderLookup, LockError};
 use futures::future::BoxFuture;
 use tokio::sync::watch;
@@ -54,7 +54,8 @@ pub struct IssuerSpec {
     pub name: String,
     pub url: String,
     /// Picked by the URL's scheme: `redis://host:port[/db]`;
-    /// `zookeeper://host:port[,host:port...]` (or `zk://`);
+    /// `zookeeper://[user:password@]host:port[,host:port...]` (or `zk://`:
+    /// with a user, the lookups read as that digest user);
     /// `redis-sentinel://host:port[,host:port...]/MASTER` (or `sentinel://`:
     /// the sentinels and the name of the master they watch; the lookup asks
     /// whichever server they name as master now); `postgres://` (or
@@ -115,10 +116,8 @@ impl FromStr for IssuerSpec {
                  (its leases are unfenced), so there is nothing to check a token against"
             ));
         }
-        if backend == Backend::Zookeeper && zookeeper_hosts(url).is_empty() {
-            return Err(format!(
-                "issuer {name:?}: zookeeper://host:port[,host:port...] names no server"
-            ));
+        if backend == Backend::Zookeeper {
+            zookeeper::parse_url(url).map_err(|e| format!("issuer {name:?}: {e}"))?;
         }
         if backend == Backend::RedisSentinel {
             let (sentinels, master) = sentinel_parts(url);
@@ -148,11 +147,6 @@ fn after_userinfo(url: &str) -> &str {
     }
 }
 
-/// `zookeeper://a:2181,b:2181/` to `a:2181,b:2181`.
-fn zookeeper_hosts(url: &str) -> &str {
-    after_userinfo(url).trim_end_matches('/')
-}
-
 /// `redis-sentinel://a:26379,b:26379/mymaster` to (`[a:26379, b:26379]`,
 /// `mymaster`).
 fn sentinel_parts(url: &str) -> (Vec<String>, &str) {
@@ -173,8 +167,12 @@ async fn connect(spec: &IssuerSpec) -> Result<Arc<dyn HolderLookup>, LockError> 
         Backend::Redis => Arc::new(RedisLock::connect(&spec.url).await?),
         // One lookup finds the holder of either variant (the fair queue's
         // head, or the non-fair lock's fixed node): fencelock's lookup.
+        // With a user in the URL, the session reads as that digest user
+        // (the gateway's own, which the lock nodes' ACLs let read).
         Backend::Zookeeper => {
-            Arc::new(ZooKeeperLock::connect(zookeeper_hosts(&spec.url), ZOOKEEPER_SESSION).await?)
+            let (hosts, user) = zookeeper::parse_url(&spec.url)?;
+            let access = user.map_or_else(Access::open, Access::reader);
+            Arc::new(ZooKeeperLock::connect_with(&hosts, ZOOKEEPER_SESSION, &access).await?)
         }
         Backend::RedisSentinel => {
             let (sentinels, master) = sentinel_parts(&spec.url);
@@ -441,14 +439,26 @@ mod tests {
         }
         let spec: IssuerSpec = "zookeeper=zookeeper://zk1:2181,zk2:2181/".parse().unwrap();
         assert_eq!(spec.backend, Backend::Zookeeper);
-        assert_eq!(zookeeper_hosts(&spec.url), "zk1:2181,zk2:2181");
+        let (hosts, user) = zookeeper::parse_url(&spec.url).unwrap();
+        assert_eq!((hosts.as_str(), user), ("zk1:2181,zk2:2181", None));
+        let spec: IssuerSpec = "zookeeper=zookeeper://gateway:s%40cret@zk1:2181,zk2:2181/"
+            .parse()
+            .unwrap();
+        let (hosts, user) = zookeeper::parse_url(&spec.url).unwrap();
+        assert_eq!(hosts, "zk1:2181,zk2:2181");
+        assert_eq!(user, Some("gateway:s@cret".parse().unwrap()));
+        assert!(!format!("{spec:?}").contains("cret"), "{spec:?}");
         let spec: IssuerSpec = "lease-postgres=postgres://u:secret@db/pages"
             .parse()
             .unwrap();
         assert_eq!(spec.backend, Backend::LeasePostgres);
         assert!(!format!("{spec:?}").contains("secret"));
         let spec: IssuerSpec = "zookeeper=zookeeper://u:pw@zk1:2181".parse().unwrap();
-        assert_eq!(zookeeper_hosts(&spec.url), "zk1:2181");
+        let (hosts, user) = zookeeper::parse_url(&spec.url).unwrap();
+        assert_eq!(
+            (hosts.as_str(), user),
+            ("zk1:2181", Some("u:pw".parse().unwrap()))
+        );
         let spec: IssuerSpec = "rs=redis-sentinel://:pw@s1:26379/mymaster".parse().unwrap();
         assert_eq!(
             sentinel_parts(&spec.url),
@@ -472,6 +482,8 @@ mod tests {
             ("Redis=redis://a", "[a-z0-9._:-]"),
             ("rs=redis-sentinel://s1:26379", "master's name"),
             ("rs=redis-sentinel:///mymaster", "at least one sentinel"),
+            ("zk=zookeeper:///", "names no server"),
+            ("zk=zookeeper://gateway@zk1:2181/", "needs a password"),
             ("redis", "NAME=URL"),
         ] {
             let e = spec.parse::<IssuerSpec>().unwrap_err();

@@ -77,6 +77,7 @@ impl Ensemble<Namespaces> {
                     client_address: &server_ip(i),
                     client_port: CLIENT_PORT,
                     ensemble: Some((n, &servers)),
+                    super_digest: None,
                 }
                 .write(&dir.path().join(format!("zk{n}"))),
             );

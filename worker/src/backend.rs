@@ -80,7 +80,8 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn LockService>, BackendErr
                 .zookeeper_connect
                 .as_deref()
                 .ok_or(missing("--zookeeper-connect"))?;
-            let locks = ZooKeeperLock::connect(connect, config.ttl)
+            let access = config.zookeeper_access()?;
+            let locks = ZooKeeperLock::connect_with(connect, config.ttl, &access)
                 .await?
                 .with_client_id(client_id)?;
             Arc::new(if config.fair { locks } else { locks.non_fair() })
@@ -100,4 +101,69 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn LockService>, BackendErr
         }
     };
     Ok(service)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser;
+    use fencelock::HolderLookup;
+    use harness::zookeeper::secured::credentials;
+    use harness::zookeeper::SecuredZooKeeper;
+
+    use super::*;
+
+    /// A worker given ZooKeeper credentials locks as its own user on roots
+    /// an operator prepared, and the gateway's user reads who holds the
+    /// lock; the same worker without them is refused by ZooKeeper.
+    #[tokio::test]
+    async fn a_worker_with_zookeeper_credentials_locks_as_its_own_user() {
+        let zk = SecuredZooKeeper::start().await;
+        let cs = zk.connect_string();
+        let config = Config::try_parse_from([
+            "worker",
+            "--backend=zookeeper",
+            &format!("--zookeeper-connect={cs}"),
+            "--gateway=http://g",
+            "--client-id=worker-1",
+            "--zookeeper-auth=worker-1:worker-1-secret",
+            "--zookeeper-lock-clients-auth=lock-clients:lock-clients-secret",
+            &format!("--zookeeper-admin-id={}", credentials("admin").id()),
+            &format!("--zookeeper-reader-ids={}", credentials("gateway").id()),
+        ])
+        .unwrap();
+        let lock = config.lock_name();
+        let locks = connect(&config).await.unwrap();
+        let lease = locks
+            .acquire(&lock, config.ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        let gateway = ZooKeeperLock::connect_with(&cs, config.ttl, &zk.reader_access("gateway"))
+            .await
+            .unwrap();
+        let holder = gateway.current_holder(&lock).await.unwrap().unwrap();
+        assert_eq!(
+            (holder.client_id.as_str(), Some(holder.token)),
+            ("worker-1", lease.token())
+        );
+        lease.release().await.unwrap();
+
+        let anonymous = Config {
+            zookeeper_auth: None,
+            zookeeper_lock_clients_auth: None,
+            zookeeper_admin_id: None,
+            zookeeper_reader_ids: vec![],
+            ..config
+        };
+        let refused = connect(&anonymous)
+            .await
+            .unwrap()
+            .acquire(&lock, anonymous.ttl, Duration::ZERO)
+            .await;
+        assert!(
+            matches!(&refused, Err(LockError::InvalidConfig(e)) if e.contains("NoAuth")),
+            "{refused:?}"
+        );
+    }
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use fencelock::zookeeper::{Access, Credentials, DigestId, Roles};
 /// Which lock service guards the page (`--backend`).
 pub use fencelock::Backend;
 
@@ -56,6 +57,31 @@ pub struct Config {
     /// ZooKeeper connect string for `--backend zookeeper`, e.g. 127.0.0.1:2181.
     #[arg(long, env = "ZOOKEEPER_CONNECT")]
     pub zookeeper_connect: Option<String>,
+
+    /// `--backend zookeeper`: this worker's own digest user, `user:password`.
+    /// The worker then also authenticates as `--zookeeper-lock-clients-auth`,
+    /// and every lock node it creates lets only this user write it (see
+    /// fencelock::zookeeper::Access). Needs the other two credentials
+    /// settings, and lock roots an operator prepared. Absent: no
+    /// credentials, every node open to anyone.
+    #[arg(long, env = "ZOOKEEPER_AUTH", hide_env_values = true)]
+    pub zookeeper_auth: Option<Credentials>,
+
+    /// The digest user every lock client shares, `lock-clients:password`:
+    /// it may create and delete nodes in the locks' queues and read them.
+    #[arg(long, env = "ZOOKEEPER_LOCK_CLIENTS_AUTH", hide_env_values = true)]
+    pub zookeeper_lock_clients_auth: Option<Credentials>,
+
+    /// The admin's digest id, `admin:base64(sha1(admin:password))` (no
+    /// password): every lock node grants it every right.
+    #[arg(long, env = "ZOOKEEPER_ADMIN_ID")]
+    pub zookeeper_admin_id: Option<DigestId>,
+
+    /// Digest ids that may read every lock node, comma-separated: the
+    /// gateway's (`gateway:base64(sha1(gateway:password))`), so that it can
+    /// check a token with ZooKeeper.
+    #[arg(long, env = "ZOOKEEPER_READER_IDS", value_delimiter = ',')]
+    pub zookeeper_reader_ids: Vec<DigestId>,
 
     /// PostgreSQL URL of the lease table for `--backend lease-postgres`.
     #[arg(long, env = "DATABASE_URL")]
@@ -203,6 +229,9 @@ impl Config {
             Backend::Zookeeper if self.zookeeper_connect.is_none() => {
                 return Err(missing("--zookeeper-connect / ZOOKEEPER_CONNECT"))
             }
+            Backend::Zookeeper => {
+                self.zookeeper_access()?;
+            }
             Backend::LeasePostgres if self.database_url.is_none() => {
                 return Err(missing("--database-url / DATABASE_URL"))
             }
@@ -239,6 +268,39 @@ impl Config {
             });
         }
         Ok(())
+    }
+
+    /// How the ZooKeeper session authenticates and which ACLs its nodes
+    /// get: with credentials, all three credentials settings; without,
+    /// none of them (open nodes).
+    pub fn zookeeper_access(&self) -> Result<Access, ConfigError> {
+        let missing = |setting| ConfigError::Missing {
+            backend: self.backend.name(),
+            setting,
+        };
+        let (own, lock_clients, admin) = match (
+            &self.zookeeper_auth,
+            &self.zookeeper_lock_clients_auth,
+            &self.zookeeper_admin_id,
+        ) {
+            (None, None, None) if self.zookeeper_reader_ids.is_empty() => return Ok(Access::open()),
+            (Some(own), Some(lock_clients), Some(admin)) => (own, lock_clients, admin),
+            (None, ..) => return Err(missing("--zookeeper-auth / ZOOKEEPER_AUTH")),
+            (_, None, _) => {
+                return Err(missing(
+                    "--zookeeper-lock-clients-auth / ZOOKEEPER_LOCK_CLIENTS_AUTH",
+                ))
+            }
+            (.., None) => return Err(missing("--zookeeper-admin-id / ZOOKEEPER_ADMIN_ID")),
+        };
+        let roles = Roles::new(admin.clone(), lock_clients.id())
+            .readers(self.zookeeper_reader_ids.iter().cloned());
+        Access::lock_client(own.clone(), lock_clients.clone(), &roles).map_err(|e| {
+            ConfigError::Invalid {
+                what: "--zookeeper-auth",
+                detail: e.to_string(),
+            }
+        })
     }
 
     /// The client id: the flag, or `<hostname>-<pid>`.
@@ -381,6 +443,55 @@ mod tests {
         assert_eq!(c.edit_limit(), None);
         assert_eq!(c.lock_name(), "page:demo");
         assert!(c.fair, "fair by default");
+    }
+
+    #[test]
+    fn zookeeper_credentials_come_all_together_and_never_show() {
+        const ZK: [&str; 6] = [
+            "--backend",
+            "zookeeper",
+            "--zookeeper-connect",
+            "zk:2181",
+            "--gateway",
+            "http://g",
+        ];
+        let open = parse(&ZK);
+        assert_eq!(open.validate(), Ok(()));
+        assert_eq!(
+            format!("{:?}", open.zookeeper_access().unwrap()),
+            format!("{:?}", Access::open())
+        );
+        let admin_id = "admin:fvr2cB/fjGeAiX8g1aGhUm3ZICk=";
+        let full = parse(
+            &[
+                &ZK[..],
+                &[
+                    "--zookeeper-auth",
+                    "worker-1:hunter2",
+                    "--zookeeper-lock-clients-auth",
+                    "lock-clients:lc-secret",
+                    "--zookeeper-admin-id",
+                    admin_id,
+                    "--zookeeper-reader-ids",
+                    &format!("gateway:{},other:{}", &admin_id[6..], &admin_id[6..]),
+                ],
+            ]
+            .concat(),
+        );
+        assert_eq!(full.validate(), Ok(()));
+        let access = full.zookeeper_access().unwrap();
+        assert_eq!(
+            access.users().collect::<Vec<_>>(),
+            ["worker-1", "lock-clients"]
+        );
+        assert_eq!(full.zookeeper_reader_ids.len(), 2);
+        assert!(!format!("{full:?}").contains("hunter2"));
+        let partial = parse(&[&ZK[..], &["--zookeeper-auth", "worker-1:hunter2"]].concat());
+        assert!(matches!(
+            partial.validate(),
+            Err(ConfigError::Missing { .. })
+        ));
+        assert!(try_parse(&[&ZK[..], &["--zookeeper-admin-id", "admin:secret"]].concat()).is_err());
     }
 
     #[test]

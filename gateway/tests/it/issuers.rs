@@ -8,9 +8,10 @@ use std::time::Duration;
 use crate::common::{gateway_with, keyed, Api, Reply};
 use fencelock::lease_table::LeaseTable;
 use fencelock::redis::RedisLock;
-use fencelock::zookeeper::ZooKeeperLock;
+use fencelock::zookeeper::{escape_name, ZooKeeperLock, LOCKS_ROOT};
 use fencelock::{Backend, Lease, LockService};
 use gateway::FenceCheck;
+use harness::zookeeper::SecuredZooKeeper;
 use rand::Rng;
 use serde_json::json;
 
@@ -384,6 +385,111 @@ async fn with_fencing_off_no_issuer_is_asked() {
     api2.put_issued(PAGE, "x", 5, "redis")
         .await
         .expect_error(503, "issuer_unavailable");
+}
+
+// ---- ZooKeeper: planted nodes, and the gateway's own user ----
+
+/// Data naming `client` as the holder, as the recipe writes it.
+fn claiming(client: &str) -> Vec<u8> {
+    format!("00000000-0000-0000-0000-000000000000\n{client}").into_bytes()
+}
+
+/// Nodes planted in the page lock's queue by a client with every right
+/// (anyone, on a server without ACLs): a persistent node at the non-fair
+/// lock's path naming alice, which was taken as her holder forever; one
+/// named to head the queue; and, once alice holds, an ephemeral node named
+/// to sort before hers. None of their czxids is a token the gateway takes,
+/// and alice's real one is.
+#[tokio::test]
+async fn planted_zookeeper_nodes_are_no_holders_and_their_czxids_are_refused() {
+    let issuer = Issuer::start(Backend::Zookeeper).await;
+    let (_gw, api, _) = gateway_with(issuer.options(FenceCheck::Enforce)).await;
+    let alice = api.as_client("alice");
+    let planter = zookeeper_client::Client::connect(issuer.url.trim_start_matches("zookeeper://"))
+        .await
+        .unwrap();
+    let parent = format!("{LOCKS_ROOT}/{}", escape_name(LOCK).unwrap());
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    planter.mkdir(&parent, &persistent).await.unwrap();
+    let first_by_name =
+        |kind: &str| format!("{parent}/_c_00000000-0000-0000-0000-000000000000-{kind}--2147483648");
+    let mut planted = Vec::new();
+    for path in [format!("{parent}/lock"), first_by_name("lock")] {
+        let (stat, _) = planter
+            .create(&path, &claiming("alice"), &persistent)
+            .await
+            .unwrap();
+        planted.push(stat.czxid as u64);
+    }
+    for &czxid in &planted {
+        let offer = Offer::new("zookeeper", czxid);
+        let reply = put_once_the_issuer_answers(&alice, "planted", &offer).await;
+        assert_not_current(reply, czxid, None);
+    }
+    assert_eq!(
+        api.fence(PAGE).await,
+        json!(null),
+        "a planted node moved the fence"
+    );
+
+    // Alice's real lock is granted at once past them, and only its token writes.
+    let lease = acquire(&issuer.locks("alice", true).await).await;
+    let t = lease.token().unwrap().get();
+    let ephemeral =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    let (stat, _) = planter
+        .create(&first_by_name("write"), &claiming("alice"), &ephemeral)
+        .await
+        .unwrap();
+    planted.push(stat.czxid as u64);
+    for &czxid in &planted {
+        assert_not_current(
+            Offer::new("zookeeper", czxid).put(&alice, "planted").await,
+            czxid,
+            Some(t),
+        );
+    }
+    Offer::of(&lease).put(&alice, "alice's").await.expect(201);
+    assert_eq!(api.fence(PAGE).await["token"], t);
+    lease.release().await.unwrap();
+}
+
+/// On a ZooKeeper whose lock nodes only named users may read, the gateway
+/// reads as its own (`zookeeper://gateway:PW@hosts/`), and a lock client
+/// with credentials writes through it; without that user it cannot read
+/// who holds the lock (ZooKeeper refuses: NoAuth), so it writes nothing.
+#[tokio::test]
+async fn the_gateway_reads_a_secured_zookeeper_as_its_own_user() {
+    let zk = SecuredZooKeeper::start().await;
+    let cs = zk.connect_string();
+    let locks = ZooKeeperLock::connect_with(&cs, TTL, &zk.lock_client_access("worker-1"))
+        .await
+        .unwrap()
+        .with_client_id("alice")
+        .unwrap();
+    let lease = locks.acquire(LOCK, TTL, Duration::ZERO).await.unwrap();
+    let offer = Offer::of(&lease);
+
+    let anonymous = keyed(FenceCheck::Enforce)
+        .issuer("zookeeper", &format!("zookeeper://{cs}/"))
+        .issuer_timeout(Duration::from_secs(2));
+    let (_anon, anon_api, _) = gateway_with(anonymous).await;
+    for _ in 0..3 {
+        offer
+            .put(&anon_api.as_client("alice"), "unchecked")
+            .await
+            .expect_error(503, "issuer_unavailable");
+    }
+    assert_eq!(anon_api.snapshot(PAGE).await, (None, vec![]));
+
+    // The password percent-encoded, as a URL may carry it.
+    let url = format!("zookeeper://gateway:gateway%2Dsecret@{cs}/");
+    let (_gw, api, _) = gateway_with(keyed(FenceCheck::Enforce).issuer("zookeeper", &url)).await;
+    put_once_the_issuer_answers(&api.as_client("alice"), "checked", &offer)
+        .await
+        .expect(201);
+    lease.release().await.unwrap();
 }
 
 // ---- the headline: two keyed workers and a forger on one page ----

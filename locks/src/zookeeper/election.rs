@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use super::{czxid_token, escape_name, recipe, ZooKeeperLock, ELECTIONS_ROOT};
+use super::{czxid_token, escape_name, lookup, ZooKeeperLock, ELECTIONS_ROOT};
 use crate::{AcquireOptions, Lease, LockError, LostSignal, Token};
 
 /// One election (one name) on a [`ZooKeeperLock`]'s session.
@@ -81,7 +81,8 @@ impl Election {
     pub async fn leader(&self) -> Result<Option<Leader>, LockError> {
         let client = self.lock.client().await?;
         let parent = format!("{ELECTIONS_ROOT}/{}", escape_name(&self.name)?);
-        let Some((candidate, czxid)) = recipe::head_of(&client, &parent).await? else {
+        let seen = lookup::holder(&client, ELECTIONS_ROOT, &parent, false).await?;
+        let Some((candidate, czxid)) = seen.holder else {
             return Ok(None);
         };
         Ok(Some(Leader {

@@ -4,9 +4,15 @@
 //! ([`election`]) on the same recipe.
 //!
 //! # Layout
-//! - `mod.rs`: [`ZooKeeperLock`], the grant (renew, release) and the holder lookup.
+//! - `mod.rs`: [`ZooKeeperLock`], the grant (renew, release), the
+//!   [`HolderLookup`].
 //! - `recipe.rs`: the queue and the non-fair node: waiting, protected
-//!   creation, who holds a lock.
+//!   creation.
+//! - `queue.rs`: which nodes count and in which order (ephemeral ones, by
+//!   creation zxid), read in one round trip.
+//! - `lookup.rs`: who holds a lock, and a bound on its tokens, from outside.
+//! - `access.rs`: credentials, the ACL of every node, preparing the roots
+//!   ([`Access`], [`prepare_root`]).
 //! - `rwlock.rs`: [`ZooKeeperReadWriteLock`] and its two halves.
 //! - `session.rs`: the session, retries, deleting our own node and only ours,
 //!   cleaning up after dropped acquires.
@@ -15,11 +21,20 @@
 //!
 //! # The recipe
 //! Each contender creates an EPHEMERAL_SEQUENTIAL node
-//! `/fencing/locks/<name>/_c_<guid>-lock-<seq>`. The lowest sequence holds the
-//! lock; every other contender watches only its immediate predecessor (an
-//! `exists` watch), so a release wakes exactly one waiter (no herd). This is the
-//! ZooKeeper recipe and Apache Curator's `InterProcessMutex` node layout, so
-//! Curator clients and this one queue in the same order on the same lock.
+//! `/fencing/locks/<name>/_c_<guid>-lock-<seq>`. The node created first
+//! holds the lock; every other contender watches only its immediate
+//! predecessor (an `exists` watch), so a release wakes exactly one waiter (no
+//! herd). This is the ZooKeeper recipe and Apache Curator's
+//! `InterProcessMutex` node layout, so Curator clients and this one queue in
+//! the same order on the same lock.
+//!
+//! "First" is the server's order, the creation zxid (czxid), and only
+//! ephemeral nodes count: anyone allowed to create a node in the queue can
+//! name it as they like (a name that looks sequential and sorts first) and
+//! make it persistent (no session end removes it). Such a node is ignored by
+//! the recipe and by the holder lookup; a hand-named ephemeral node queues
+//! where the server created it. Ordering honest nodes by czxid is ordering
+//! them by sequence, so the order Curator sees is the same.
 //!
 //! Grants go in queue order, and a release deletes the node before it
 //! returns, so a client that releases and acquires again queues behind
@@ -97,7 +112,18 @@
 //! lock ([`HolderLookup`]): the head of the queue, its data and its czxid. That
 //! read is preceded by a `sync` (pipelined with it), so that a storage whose
 //! session is on a lagging follower still sees a grant made through the
-//! leader a moment ago.
+//! leader a moment ago. The head is found as the recipe finds it (ephemeral
+//! nodes, by czxid), and its data is trusted only as written at its create.
+//! [`HolderLookup::minted`] answers the lock parent's `pzxid`: every token of
+//! the lock is at or below it, every later one above.
+//!
+//! # Who may do what
+//! With credentials ([`ZooKeeperLock::connect_with`], [`Access`]) every node
+//! is created with an ACL: lock clients may create and delete nodes in a
+//! lock's queue, only a node's creator may write it, the gateway only reads;
+//! anonymous clients write nowhere, once an operator has run
+//! [`prepare_root`]. The `access` module says which ACL each node gets, and
+//! what ZooKeeper cannot refuse.
 //!
 //! # Cancellation
 //! Dropping an acquire future midway never leaves a node that blocks others:
@@ -110,8 +136,12 @@
 //! those tasks does the node wait for the session to end (it ends when the last
 //! clone of the client is dropped).
 
+mod access;
+mod credentials;
 pub mod election;
+mod lookup;
 mod path;
+mod queue;
 mod recipe;
 mod rwlock;
 mod session;
@@ -126,6 +156,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
+pub use access::{prepare_root, Access, Roles};
+pub use credentials::{parse_url, Credentials, DigestId};
 pub use path::escape_name;
 use path::NodeKind;
 use recipe::{Attempt, Held};
@@ -138,7 +170,7 @@ use session::{
 use crate::settings::{Configurable, Settings};
 use crate::{
     lost_channel, AcquireOptions, Fencing, Grant, Holder, HolderLookup, Lease, LockError,
-    LockService, NewLease, Token,
+    LockService, LockState, NewLease, Token,
 };
 
 /// The `Fencing-Issuer` of every ZooKeeper grant.
@@ -169,6 +201,8 @@ impl Configurable for ZooKeeperLock {
 struct Inner {
     connect_string: String,
     requested_timeout: Duration,
+    /// Who the session authenticates as, and the ACLs of what it creates.
+    access: Access,
     session: AsyncMutex<zk::Client>,
     wakeups: AtomicU64,
     parked: AtomicU64,
@@ -178,20 +212,50 @@ impl ZooKeeperLock {
     /// Open a session on `connect_string` (`host:port[,host:port...]`), asking
     /// for `session_timeout` (the server clamps it to its min/max). A bad
     /// string is `InvalidConfig`; no server reachable is `Unavailable`, at once.
+    /// No credentials: every node it creates is open to anyone
+    /// ([`Access::open`]).
     pub async fn connect(
         connect_string: &str,
         session_timeout: Duration,
+    ) -> Result<Self, LockError> {
+        Self::connect_with(connect_string, session_timeout, &Access::open()).await
+    }
+
+    /// [`connect`](Self::connect), authenticated as `access` says, every node
+    /// it creates with `access`' ACLs (and every later session too).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), fencelock::LockError> {
+    /// use std::time::Duration;
+    /// use fencelock::zookeeper::{Access, Credentials, DigestId, Roles, ZooKeeperLock};
+    ///
+    /// // The ids are public; each password only its own user knows.
+    /// let admin: DigestId = "admin:fvr2cB/fjGeAiX8g1aGhUm3ZICk=".parse()?;
+    /// let lock_clients: Credentials = "lock-clients:lc-secret".parse()?;
+    /// let gateway: DigestId = "gateway:ZRRkjMCYlzqdwH9JGwWGDNBk3Lg=".parse()?;
+    /// let roles = Roles::new(admin, lock_clients.id()).reader(gateway);
+    /// let access = Access::lock_client("worker-1:w1-secret".parse()?, lock_clients, &roles)?;
+    /// let locks = ZooKeeperLock::connect_with("zk1:2181", Duration::from_secs(4), &access)
+    ///     .await?
+    ///     .with_client_id("worker-1")?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with(
+        connect_string: &str,
+        session_timeout: Duration,
+        access: &Access,
     ) -> Result<Self, LockError> {
         if session_timeout < Duration::from_millis(100) {
             return Err(LockError::InvalidConfig(format!(
                 "zookeeper session timeout {session_timeout:?} is below 100ms"
             )));
         }
-        let client = new_session(connect_string, session_timeout).await?;
+        let client = new_session(connect_string, session_timeout, access.credentials()).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 connect_string: connect_string.to_string(),
                 requested_timeout: session_timeout,
+                access: access.clone(),
                 session: AsyncMutex::new(client),
                 wakeups: AtomicU64::new(0),
                 parked: AtomicU64::new(0),
@@ -254,8 +318,12 @@ impl ZooKeeperLock {
         let state = session.state();
         if state.is_terminated() {
             tracing::warn!(?state, "zookeeper session ended; opening a new one");
-            *session =
-                new_session(&self.inner.connect_string, self.inner.requested_timeout).await?;
+            *session = new_session(
+                &self.inner.connect_string,
+                self.inner.requested_timeout,
+                self.inner.access.credentials(),
+            )
+            .await?;
         }
         Ok(session.clone())
     }
@@ -276,6 +344,7 @@ impl ZooKeeperLock {
         wait: Option<Duration>,
         id: &str,
     ) -> Result<Lease, LockError> {
+        self.inner.access.check_may_lock()?;
         let parent = format!("{root}/{}", escape_name(name)?);
         let client = self.client().await?;
         let start = Instant::now();
@@ -287,6 +356,7 @@ impl ZooKeeperLock {
             root,
             parent: &parent,
             data: data.as_bytes(),
+            access: &self.inner.access,
             name,
             start,
             deadline,
@@ -380,23 +450,54 @@ impl HolderLookup for ZooKeeperLock {
     /// `sync`, then the lock's exclusive holder and its data: the holder's
     /// client id and czxid. Whatever variant holds it: the head of the queue
     /// when that is a fair mutex or a writer of a read-write lock, or the
-    /// non-fair node. `None` while readers hold it: they share it, and a
-    /// reader's token is not one a fenced write should be accepted with.
+    /// non-fair node; only ephemeral nodes, in the order the server created
+    /// them. `None` while readers hold it: they share it, and a reader's
+    /// token is not one a fenced write should be accepted with.
     fn current_holder<'a>(
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
+        Box::pin(async move { Ok(self.lock_state(name, false).await?.holder) })
+    }
+
+    /// The holder, and the parent's `pzxid` as the bound of its tokens, read
+    /// in the same round trips as the holder alone.
+    fn state<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockState, LockError>> {
+        Box::pin(self.lock_state(name, true))
+    }
+
+    /// An upper bound of every token granted for `name`, in one round trip
+    /// (see `lookup::minted`): a fence set no higher never refuses a later
+    /// grant.
+    fn minted<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Token>, LockError>> {
         Box::pin(async move {
             let parent = format!("{LOCKS_ROOT}/{}", escape_name(name)?);
             let client = self.client().await?;
-            let Some((client_id, czxid)) = recipe::head_of(&client, &parent).await? else {
-                return Ok(None);
-            };
-            Ok(Some(Holder {
+            lookup::minted(&client, LOCKS_ROOT, &parent)
+                .await?
+                .map(czxid_token)
+                .transpose()
+        })
+    }
+}
+
+impl ZooKeeperLock {
+    async fn lock_state(&self, name: &str, with_minted: bool) -> Result<LockState, LockError> {
+        let parent = format!("{LOCKS_ROOT}/{}", escape_name(name)?);
+        let client = self.client().await?;
+        let seen = lookup::holder(&client, LOCKS_ROOT, &parent, with_minted).await?;
+        let holder = match seen.holder {
+            Some((client_id, czxid)) => Some(Holder {
                 client_id,
                 token: czxid_token(czxid)?,
-            }))
-        })
+            }),
+            None => None,
+        };
+        let minted = match seen.minted {
+            Some(zxid) if with_minted => Some(czxid_token(zxid)?),
+            _ => None,
+        };
+        Ok(LockState { holder, minted })
     }
 }
 

@@ -40,45 +40,48 @@ impl NodeKind {
     }
 }
 
-/// One node of the queue, parsed from its name.
+/// What a child of a lock's parent is, by its name: a queue node of some
+/// kind, or the non-fair node. Only a name: whether it counts (is it
+/// ephemeral?) and where it stands (its czxid) the server says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct QueueNode<'a> {
-    pub(super) name: &'a str,
-    pub(super) seq: i64,
-    pub(super) kind: NodeKind,
+pub(super) enum Role {
+    Queued(NodeKind),
+    NonFair,
 }
 
-/// `_c_<guid>-<kind><seq>`, or `None` for anything else (the non-fair node,
-/// strangers' nodes).
-pub(super) fn queue_node(name: &str) -> Option<QueueNode<'_>> {
+impl Role {
+    /// `_c_<guid>-<kind><seq>`, or the non-fair node; `None` for anything
+    /// else (strangers' nodes).
+    pub(super) fn of(name: &str) -> Option<Role> {
+        if name == NON_FAIR_NODE {
+            return Some(Role::NonFair);
+        }
+        queue_kind(name).map(Role::Queued)
+    }
+
+    /// Whether a node of this role holds the lock alone.
+    pub(super) fn is_exclusive(self) -> bool {
+        match self {
+            Role::Queued(kind) => kind.is_exclusive(),
+            Role::NonFair => true,
+        }
+    }
+}
+
+/// The kind of a queue node named `_c_<guid>-<kind><seq>` (Curator's
+/// layout). The sequence only shapes the name: anyone may create a node so
+/// named, so it orders nothing.
+fn queue_kind(name: &str) -> Option<NodeKind> {
     if !name.starts_with("_c_") {
         return None;
     }
     // A GUID is hex digits and dashes, so none of the infixes can occur in it.
     [NodeKind::Lock, NodeKind::Read, NodeKind::Write]
         .into_iter()
-        .find_map(|kind| {
-            let (head, seq) = name.rsplit_once(kind.infix())?;
-            if !head.ends_with('-') || !is_sequence(seq) {
-                return None;
-            }
-            Some(QueueNode {
-                name,
-                seq: seq.parse().ok()?,
-                kind,
-            })
+        .find(|kind| {
+            name.rsplit_once(kind.infix())
+                .is_some_and(|(head, seq)| head.ends_with('-') && is_sequence(seq))
         })
-}
-
-/// The queue under a lock's parent, in sequence order (the order ZooKeeper
-/// created the nodes in).
-pub(super) fn queue_of<S: AsRef<str>>(children: &[S]) -> Vec<QueueNode<'_>> {
-    let mut queue: Vec<QueueNode<'_>> = children
-        .iter()
-        .filter_map(|c| queue_node(c.as_ref()))
-        .collect();
-    queue.sort_unstable_by_key(|n| (n.seq, n.name));
-    queue
 }
 
 /// The last path segment.
@@ -136,50 +139,21 @@ mod tests {
     }
 
     #[test]
-    fn queue_nodes_are_parsed_from_curator_style_names() {
+    fn children_are_named_as_queue_nodes_or_the_non_fair_node() {
         let guid = "0b5e7c1a-9f00-4e7e-8d0b-1c2d3e4f5a6b";
-        let lock = format!("_c_{guid}-lock-0000000042");
-        assert_eq!(
-            queue_node(&lock),
-            Some(QueueNode {
-                name: &lock,
-                seq: 42,
-                kind: NodeKind::Lock
-            })
-        );
-        let read = format!("_c_{guid}-read-0000000007");
-        assert_eq!(
-            queue_node(&read).map(|n| (n.seq, n.kind)),
-            Some((7, NodeKind::Read))
-        );
-        let write = format!("_c_{guid}-write-0000000008");
-        assert_eq!(
-            queue_node(&write).map(|n| (n.seq, n.kind)),
-            Some((8, NodeKind::Write))
-        );
-        let wrapped = format!("_c_{guid}-lock--2147483648");
-        assert_eq!(queue_node(&wrapped).map(|n| n.seq), Some(-2_147_483_648));
-        assert_eq!(queue_node("_c_x-lock-"), None);
-        assert_eq!(queue_node(NON_FAIR_NODE), None);
-        assert_eq!(queue_node("other-lock-0000000001"), None);
-    }
-
-    #[test]
-    fn the_queue_is_in_sequence_order() {
-        let children = [
-            "_c_b-read-0000000003",
-            "lock",
-            "_c_a-lock-0000000001",
-            "_c_c-write-0000000002",
-        ];
-        let order: Vec<&str> = queue_of(&children).iter().map(|n| n.name).collect();
-        assert_eq!(
-            order,
-            [
-                "_c_a-lock-0000000001",
-                "_c_c-write-0000000002",
-                "_c_b-read-0000000003"
-            ]
-        );
+        for (suffix, kind) in [
+            ("lock-0000000042", NodeKind::Lock),
+            ("read-0000000007", NodeKind::Read),
+            ("write-0000000008", NodeKind::Write),
+            ("lock--2147483648", NodeKind::Lock),
+        ] {
+            let name = format!("_c_{guid}-{suffix}");
+            assert_eq!(Role::of(&name), Some(Role::Queued(kind)), "{name}");
+        }
+        assert_eq!(Role::of(NON_FAIR_NODE), Some(Role::NonFair));
+        assert_eq!(Role::of("_c_x-lock-"), None);
+        assert_eq!(Role::of("other-lock-0000000001"), None);
+        assert!(Role::NonFair.is_exclusive());
+        assert!(!Role::Queued(NodeKind::Read).is_exclusive());
     }
 }

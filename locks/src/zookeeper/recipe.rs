@@ -2,12 +2,15 @@
 //! both halves of the read-write lock) or the one ephemeral node (non-fair),
 //! protected creation, and reading who holds a lock.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::path::{node_name, queue_of, NodeKind, NON_FAIR_NODE};
+use super::access::Access;
+use super::path::{node_name, NodeKind, Role, NON_FAIR_NODE};
+use super::queue::{counted, is_ephemeral, Counted};
 use super::session::{
     find_by_guid, retry, session_still_alive, timeout, zk_error, Cleanup, OwnNode, Pending,
     CONNECTION_LOSS_RETRIES,
@@ -21,6 +24,11 @@ impl ZooKeeperLock {
     /// deletion can change that. A mutex or writer waits for every node
     /// before it and watches its predecessor; a reader waits only for the
     /// exclusive nodes (writers, mutexes) before it and watches the nearest.
+    ///
+    /// "Before it" is in creation order (czxid), among ephemeral nodes: see
+    /// [`super::queue`]. Which nodes those are is read once, from the first
+    /// listing answered after our create: a node created later has a higher
+    /// czxid, so it is never before ours, whatever its name.
     pub(super) async fn wait_queued(
         &self,
         at: &Attempt<'_>,
@@ -38,23 +46,14 @@ impl ZooKeeperLock {
         // its answer. ZooKeeper answers one session's requests in order, so
         // the listing already holds our node (found by its GUID): an
         // uncontended acquire costs one round trip, not two.
-        let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let mode = zk::CreateMode::EphemeralSequential.with_acls(at.access.node_acls());
         let listed_at = Instant::now();
         let (created, listed) = tokio::join!(
             client.create(&prefix, at.data, &mode),
             client.list_children(parent)
         );
         let created_at_once = created.is_ok();
-        let (path, stat) = create_protected(
-            client,
-            at.root,
-            parent,
-            &prefix,
-            &guid_prefix,
-            at.data,
-            created,
-        )
-        .await?;
+        let (path, stat) = create_protected(at, &prefix, &guid_prefix, created).await?;
         let node = OwnNode {
             path,
             czxid: stat.czxid,
@@ -66,6 +65,7 @@ impl ZooKeeperLock {
             Ok(children) if created_at_once => Some(children),
             _ => None,
         };
+        let mut ahead: Option<Vec<Counted>> = None;
         loop {
             let (sent, children) = match first.take() {
                 Some(children) => (listed_at, children),
@@ -77,19 +77,14 @@ impl ZooKeeperLock {
                     (sent, children)
                 }
             };
-            if children.iter().any(|c| c == NON_FAIR_NODE) {
-                cleanup.delete_now().await;
-                return Err(mixed_variants(at.name, "the non-fair variant"));
-            }
-            let queue = queue_of(&children);
             // Nodes with our GUID that are not the one we know: a create of
             // ours that was applied twice (its reply lost, the recovery's
             // listing missed it). Waiting on one would be waiting on
             // ourselves until the session ends: delete them instead.
-            let strays: Vec<String> = queue
+            let strays: Vec<String> = children
                 .iter()
-                .filter(|n| n.name.starts_with(&guid_prefix) && n.name != ours)
-                .map(|n| format!("{parent}/{}", n.name))
+                .filter(|c| c.starts_with(&guid_prefix) && **c != ours)
+                .map(|c| format!("{parent}/{c}"))
                 .collect();
             if !strays.is_empty() {
                 for stray in &strays {
@@ -101,7 +96,7 @@ impl ZooKeeperLock {
                 }
                 continue;
             }
-            let Some(pos) = queue.iter().position(|n| n.name == ours) else {
+            if !children.contains(&ours) {
                 return Err(LockError::NotHeld {
                     name: at.name.to_string(),
                     reason: format!(
@@ -109,22 +104,47 @@ impl ZooKeeperLock {
                         node.path
                     ),
                 });
+            }
+            let ahead = match &mut ahead {
+                Some(ahead) => {
+                    let listed: HashSet<&str> = children.iter().map(String::as_str).collect();
+                    ahead.retain(|n| listed.contains(n.name.as_str()));
+                    ahead
+                }
+                None => {
+                    let mut before = counted(client, parent, &children, &ours)
+                        .await
+                        .map_err(zk_error)?;
+                    before.retain(|n| n.czxid < node.czxid);
+                    if before.iter().any(|n| n.role == Role::NonFair) {
+                        cleanup.delete_now().await;
+                        return Err(mixed_variants(at.name, "the non-fair variant"));
+                    }
+                    ahead.insert(before)
+                }
             };
             let blocker = match kind {
-                NodeKind::Read => queue[..pos].iter().rev().find(|n| n.kind.is_exclusive()),
-                NodeKind::Lock | NodeKind::Write => pos.checked_sub(1).map(|p| &queue[p]),
+                NodeKind::Read => ahead.iter().rev().find(|n| n.role.is_exclusive()),
+                NodeKind::Lock | NodeKind::Write => ahead.last(),
             };
-            let Some(blocker) = blocker else {
+            let Some(Counted { name, czxid, .. }) = blocker.cloned() else {
                 return Ok(Held {
                     node,
                     proven_at: sent,
                     cleanup,
                 });
             };
-            let blocker = format!("{parent}/{}", blocker.name);
-            if !self.await_change(at, &blocker).await? {
-                cleanup.delete_now().await;
-                return Err(at.timed_out());
+            match self
+                .await_change(at, &format!("{parent}/{name}"), Some(czxid))
+                .await?
+            {
+                Waited::Changed => {}
+                // Gone, or another node under its name since: not before ours.
+                Waited::Gone | Waited::Persistent => ahead.retain(|n| n.czxid != czxid),
+                Waited::TimedOut => {
+                    cleanup.delete_now().await;
+                    return Err(at.timed_out());
+                }
             }
         }
     }
@@ -138,6 +158,13 @@ impl ZooKeeperLock {
     /// delete our node if we made one). The queue recipe refuses the same way
     /// when it sees this node. Both look after their own create, so of two
     /// that race, the later one always sees the earlier one: never both hold.
+    /// Only queue nodes that count ([`super::queue`]) refuse.
+    ///
+    /// A node at our path that is not ephemeral holds nothing (no session
+    /// ends it) but keeps every create out: refused as well. It is not
+    /// deleted: a delete can only say which version it deletes, and the next
+    /// holder's node has the same one, so two waiters that both saw the
+    /// planted node could delete a holder's node.
     pub(super) async fn wait_non_fair(&self, at: &Attempt<'_>) -> Result<Held, LockError> {
         let (client, parent) = (at.client, at.parent);
         let path = format!("{parent}/{NON_FAIR_NODE}");
@@ -145,7 +172,7 @@ impl ZooKeeperLock {
             path: path.clone(),
             data: at.data.to_vec(),
         });
-        let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        let ephemeral = zk::CreateMode::Ephemeral.with_acls(at.access.node_acls());
         loop {
             let sent = Instant::now();
             let (created, listed) = tokio::join!(
@@ -156,12 +183,12 @@ impl ZooKeeperLock {
                 Ok((stat, _)) => Some(stat.czxid),
                 Err(zk::Error::NodeExists) => {
                     if let Ok(children) = &listed {
-                        refuse_queue(children, at.name)?;
+                        refuse_queue(client, parent, children, at.name).await?;
                     }
                     None
                 }
                 Err(zk::Error::NoNode) => {
-                    ensure_parent(client, at.root, parent).await?;
+                    ensure_parent(at).await?;
                     continue;
                 }
                 Err(zk::Error::ConnectionLoss) => {
@@ -194,45 +221,60 @@ impl ZooKeeperLock {
                     Ok(children) if has_non_fair_node(&children) => Ok(children),
                     _ => retry(|| client.list_children(parent)).await,
                 };
-                match children
-                    .map_err(zk_error)
-                    .and_then(|c| refuse_queue(&c, at.name))
-                {
-                    Ok(()) => {
-                        return Ok(Held {
-                            node,
-                            proven_at: sent,
-                            cleanup,
-                        })
-                    }
-                    Err(e) => {
-                        cleanup.delete_now().await;
-                        return Err(e);
-                    }
+                let refused = match children {
+                    Ok(children) => refuse_queue(client, parent, &children, at.name).await,
+                    Err(e) => Err(zk_error(e)),
+                };
+                if let Err(e) = refused {
+                    cleanup.delete_now().await;
+                    return Err(e);
                 }
+                return Ok(Held {
+                    node,
+                    proven_at: sent,
+                    cleanup,
+                });
             }
-            if !self.await_change(at, &path).await? {
-                return Err(at.timed_out());
+            match self.await_change(at, &path, None).await? {
+                Waited::Changed | Waited::Gone => {}
+                Waited::TimedOut => return Err(at.timed_out()),
+                Waited::Persistent => {
+                    return Err(LockError::InvalidConfig(format!(
+                        "zookeeper lock {:?}: {path} is not an ephemeral node, so it holds \
+                         nothing and no session end removes it, but it keeps the non-fair \
+                         lock from being taken: an operator must delete it",
+                        at.name
+                    )))
+                }
             }
         }
     }
 
-    /// Wait until the node at `path` changes or is gone: true then, false
-    /// once the deadline passed (before or during the wait). A watch woken by
-    /// the end of the session is an error: our own node went with it.
-    async fn await_change(&self, at: &Attempt<'_>, path: &str) -> Result<bool, LockError> {
+    /// Wait until the node at `path` (the one created in `czxid`, if given)
+    /// changes or is gone, up to the deadline (past already: `TimedOut` at
+    /// once). A watch woken by the end of the session is an error: our own
+    /// node went with it.
+    async fn await_change(
+        &self,
+        at: &Attempt<'_>,
+        path: &str,
+        czxid: Option<i64>,
+    ) -> Result<Waited, LockError> {
         if at.deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(false);
+            return Ok(Waited::TimedOut);
         }
         let (exists, watcher) = retry(|| at.client.check_and_watch_stat(path))
             .await
             .map_err(zk_error)?;
-        if exists.is_none() {
-            return Ok(true);
+        match exists {
+            None => return Ok(Waited::Gone),
+            Some(stat) if czxid.is_some_and(|c| c != stat.czxid) => return Ok(Waited::Gone),
+            Some(stat) if !is_ephemeral(&stat) => return Ok(Waited::Persistent),
+            Some(_) => {}
         }
         match self.park(watcher, at.deadline).await {
-            Some(event) => session_still_alive(&event).map(|()| true),
-            None => Ok(false),
+            Some(event) => session_still_alive(&event).map(|()| Waited::Changed),
+            None => Ok(Waited::TimedOut),
         }
     }
 
@@ -258,13 +300,34 @@ fn has_non_fair_node(children: &[String]) -> bool {
     children.iter().any(|c| c == NON_FAIR_NODE)
 }
 
-/// The non-fair side of the refusal: queue nodes under the parent.
-fn refuse_queue(children: &[String], name: &str) -> Result<(), LockError> {
-    match queue_of(children).first() {
-        Some(n) if n.kind == NodeKind::Lock => Err(mixed_variants(name, "the fair lock")),
+/// The non-fair side of the refusal: queue nodes that count under the
+/// parent. Their stats are read only when the listing names some.
+async fn refuse_queue(
+    client: &zk::Client,
+    parent: &str,
+    children: &[String],
+    name: &str,
+) -> Result<(), LockError> {
+    let queue = counted(client, parent, children, NON_FAIR_NODE)
+        .await
+        .map_err(zk_error)?;
+    match queue.first().map(|n| n.role) {
+        Some(Role::Queued(NodeKind::Lock)) => Err(mixed_variants(name, "the fair lock")),
         Some(_) => Err(mixed_variants(name, "a read-write lock")),
         None => Ok(()),
     }
+}
+
+/// What a waiter found at the node it waited on.
+enum Waited {
+    /// Its watch fired: look again.
+    Changed,
+    /// Gone, or another node stands under its name now.
+    Gone,
+    /// It is not ephemeral.
+    Persistent,
+    /// The deadline passed.
+    TimedOut,
 }
 
 /// The fair and the non-fair recipe keep different nodes under the same
@@ -287,6 +350,8 @@ pub(super) struct Attempt<'a> {
     pub(super) parent: &'a str,
     /// The node's data: `<guid>\n<id>`.
     pub(super) data: &'a [u8],
+    /// The ACLs of the nodes it creates.
+    pub(super) access: &'a Access,
     pub(super) name: &'a str,
     pub(super) start: Instant,
     /// `None`: wait forever.
@@ -332,22 +397,19 @@ impl Drop for Parked<'_> {
 /// (after a `sync`) instead of creating a second one (Curator's protected
 /// mode).
 async fn create_protected(
-    client: &zk::Client,
-    root: &str,
-    parent: &str,
+    at: &Attempt<'_>,
     prefix: &str,
     guid_prefix: &str,
-    data: &[u8],
     first_attempt: Result<(zk::Stat, zk::CreateSequence), zk::Error>,
 ) -> Result<(String, zk::Stat), LockError> {
-    let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let mode = zk::CreateMode::EphemeralSequential.with_acls(at.access.node_acls());
     let mut attempt = first_attempt;
     for _ in 0..CONNECTION_LOSS_RETRIES {
         match attempt {
             Ok((stat, seq)) => return Ok((format!("{prefix}{seq}"), stat)),
-            Err(zk::Error::NoNode) => ensure_parent(client, root, parent).await?,
+            Err(zk::Error::NoNode) => ensure_parent(at).await?,
             Err(zk::Error::ConnectionLoss) => {
-                if let Some(found) = find_by_guid(client, parent, guid_prefix)
+                if let Some(found) = find_by_guid(at.client, at.parent, guid_prefix)
                     .await
                     .map_err(zk_error)?
                 {
@@ -356,7 +418,7 @@ async fn create_protected(
             }
             Err(e) => return Err(zk_error(e)),
         }
-        attempt = client.create(prefix, data, &mode).await;
+        attempt = at.client.create(prefix, at.data, &mode).await;
     }
     Err(LockError::unavailable(
         ISSUER,
@@ -364,76 +426,29 @@ async fn create_protected(
     ))
 }
 
-/// `root` as persistent nodes, then the lock's parent as a CONTAINER node
-/// (ZooKeeper deletes it once it is empty, so idle locks leave nothing behind).
-async fn ensure_parent(client: &zk::Client, root: &str, parent: &str) -> Result<(), LockError> {
-    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    retry(|| client.mkdir(root, &persistent))
-        .await
-        .map_err(zk_error)?;
-    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-    match retry(|| client.create(parent, &[], &container)).await {
-        Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-        Err(e) => Err(zk_error(e)),
-    }
-}
-
-/// Who holds a lock exclusively as ZooKeeper sees it now: the node's data
-/// after the GUID line (the holder's id) and its czxid (the holder's token).
-/// `None` when nobody does: free, or held by readers (they share it, and no
-/// one of them is *the* holder).
-///
-/// The holder is the head of the queue (a mutex or a writer), or the
-/// non-fair node. Both can be there for a moment when the two variants are
-/// mixed on one name and one of them is backing out; then the older one
-/// holds (the younger saw it and refuses).
-///
-/// The `sync` is pipelined with the listing: ZooKeeper answers a session's
-/// requests in order and a read after a `sync` reflects every write the
-/// leader had committed when the sync reached it, so a session on a lagging
-/// follower does not miss a grant that another client was just answered.
-pub(super) async fn head_of(
-    client: &zk::Client,
-    parent: &str,
-) -> Result<Option<(String, i64)>, LockError> {
-    let (synced, listed) = tokio::join!(client.sync(parent), client.list_children(parent));
-    let children = match synced.and(listed) {
-        Ok(c) => c,
-        Err(zk::Error::NoNode) => return Ok(None),
-        Err(zk::Error::ConnectionLoss) => match retry(|| client.list_children(parent)).await {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => return Ok(None),
-            Err(e) => return Err(zk_error(e)),
-        },
-        Err(e) => return Err(zk_error(e)),
-    };
-    let head = queue_of(&children)
-        .first()
-        .map(|n| (n.name.to_string(), n.kind.is_exclusive()));
-    let non_fair = has_non_fair_node(&children).then(|| (NON_FAIR_NODE.to_string(), true));
-    let mut oldest: Option<(i64, bool, String)> = None;
-    for (child, exclusive) in head.into_iter().chain(non_fair) {
-        let path = format!("{parent}/{child}");
-        match retry(|| client.get_data(&path)).await {
-            Ok((data, stat)) => {
-                if oldest
-                    .as_ref()
-                    .is_none_or(|(czxid, ..)| stat.czxid < *czxid)
-                {
-                    let text = String::from_utf8_lossy(&data);
-                    // Node data is "<guid>\n<id>".
-                    let id = text.split_once('\n').map_or(&*text, |(_, c)| c).to_string();
-                    oldest = Some((stat.czxid, exclusive, id));
-                }
+/// The lock's parent, as a CONTAINER node (ZooKeeper deletes it once it
+/// is empty, so idle locks leave nothing behind). Without credentials the
+/// root is created too, open to anyone; with them, an operator prepares
+/// it ([`super::prepare_root`]): a root a lock client made could be given
+/// any ACL, by whoever came first.
+async fn ensure_parent(at: &Attempt<'_>) -> Result<(), LockError> {
+    let (client, root) = (at.client, at.root);
+    let container = zk::CreateMode::Container.with_acls(at.access.parent_acls());
+    for _ in 0..2 {
+        match retry(|| client.create(at.parent, &[], &container)).await {
+            Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+            Err(zk::Error::NoNode) if at.access.creates_roots() => {
+                let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                retry(|| client.mkdir(root, &persistent))
+                    .await
+                    .map_err(zk_error)?;
             }
-            Err(zk::Error::NoNode) => {
-                tracing::debug!(node = %child, "head node went while reading it");
-            }
+            Err(zk::Error::NoNode) => break,
             Err(e) => return Err(zk_error(e)),
         }
     }
-    Ok(match oldest {
-        Some((czxid, true, id)) => Some((id, czxid)),
-        _ => None,
-    })
+    Err(LockError::InvalidConfig(format!(
+        "the zookeeper lock root {root} does not exist: an operator creates it with its \
+         ACLs before lock clients with credentials use it (fencelock::zookeeper::prepare_root)"
+    )))
 }

@@ -8,7 +8,9 @@ use futures::future::BoxFuture;
 use super::path::NodeKind;
 use super::ZooKeeperLock;
 use crate::settings::Configurable;
-use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService};
+use crate::{
+    AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService, LockState, Token,
+};
 
 /// A read-write lock service on ZooKeeper: many readers at once, or one
 /// writer. [`read`](Self::read) and [`write`](Self::write) hand out the two
@@ -96,7 +98,8 @@ pub struct ZooKeeperWriteLock {
 }
 
 impl ZooKeeperReadWriteLock {
-    /// Open a session, as [`ZooKeeperLock::connect`].
+    /// Open a session, as [`ZooKeeperLock::connect`]. With credentials:
+    /// [`ZooKeeperLock::connect_with`], then [`ZooKeeperLock::read_write`].
     pub async fn connect(
         connect_string: &str,
         session_timeout: Duration,
@@ -166,6 +169,14 @@ impl HolderLookup for ZooKeeperReadWriteLock {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
         self.lock.current_holder(name)
+    }
+
+    fn state<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockState, LockError>> {
+        self.lock.state(name)
+    }
+
+    fn minted<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Token>, LockError>> {
+        self.lock.minted(name)
     }
 }
 

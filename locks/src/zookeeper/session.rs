@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
+use super::credentials::Credentials;
 use super::ISSUER;
 use crate::{LockError, LostTrigger};
 
@@ -285,9 +286,10 @@ pub(super) async fn find_by_guid(
         return Ok(None);
     };
     let path = format!("{parent}/{child}");
+    // Ours only if our session created it (a GUID is no secret once listed).
     match retry(|| client.check_stat(&path)).await? {
-        Some(stat) => Ok(Some((path, stat))),
-        None => Ok(None),
+        Some(stat) if stat.ephemeral_owner == client.session_id().0 => Ok(Some((path, stat))),
+        Some(_) | None => Ok(None),
     }
 }
 
@@ -328,18 +330,25 @@ pub(super) fn timeout(name: &str, start: Instant) -> LockError {
     }
 }
 
+/// A session on `connect_string`, authenticated as each of `auth` (digest):
+/// its rights are the union of theirs.
 pub(super) async fn new_session(
     connect_string: &str,
     session_timeout: Duration,
+    auth: &[Credentials],
 ) -> Result<zk::Client, LockError> {
     if connect_string.trim().is_empty() {
         return Err(LockError::InvalidConfig(
             "zookeeper connect string is empty".into(),
         ));
     }
-    zk::Client::connector()
+    let mut connector = zk::Client::connector()
         .with_session_timeout(session_timeout)
-        .with_fail_eagerly()
+        .with_fail_eagerly();
+    for credentials in auth {
+        connector = connector.with_auth("digest", &credentials.auth());
+    }
+    connector
         .connect(connect_string)
         .await
         .map_err(|e| match e {
@@ -352,7 +361,12 @@ pub(super) async fn new_session(
 
 pub(super) fn zk_error(e: zk::Error) -> LockError {
     match e {
-        zk::Error::BadArguments(_) | zk::Error::InvalidAcl | zk::Error::NoAuth => {
+        zk::Error::NoAuth => LockError::InvalidConfig(
+            "zookeeper refused the request (NoAuth): the users this session authenticates as \
+             have no such right on the node (see fencelock::zookeeper::Access and prepare_root)"
+                .into(),
+        ),
+        zk::Error::BadArguments(_) | zk::Error::InvalidAcl | zk::Error::AuthFailed => {
             LockError::InvalidConfig(format!("zookeeper refused the request: {e}"))
         }
         zk::Error::UnexpectedError(_)

@@ -17,5 +17,7 @@ mod redis_lock;
 mod redis_sentinel;
 mod redlock;
 mod support;
+mod zookeeper_acl;
 mod zookeeper_lock;
+mod zookeeper_planted;
 mod zookeeper_recipes;

@@ -485,3 +485,50 @@ async fn a_create_whose_reply_is_lost_is_found_not_repeated() {
     lease.release().await.unwrap();
     assert!(lock_nodes(&cs, name).await.is_empty());
 }
+
+/// What one holder lookup (the gateway's question) costs from another
+/// session, on a queue of 1 (the holder alone) and of 3 (the holder and two
+/// waiters): the median and 90th percentile of 500 lookups. A measurement,
+/// not a claim; run by hand:
+/// `cargo test -p fencelock --test it lookup_cost -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement, run by hand"]
+async fn lookup_cost() {
+    let cs = connect_string().await;
+    let lookup = connect(&cs).await;
+    for queue in [1, 3] {
+        let name = format!("lookup-cost-{queue}");
+        let holder = connect(&cs).await.with_client_id("holder").unwrap();
+        let lease = held(&holder, &name, SESSION).await;
+        let mut waiters = Vec::new();
+        for _ in 1..queue {
+            let waiter = connect(&cs).await;
+            let task = {
+                let (waiter, name) = (waiter.clone(), name.clone());
+                tokio::spawn(async move { waiter.acquire(&name, SESSION, WAIT).await })
+            };
+            parked("a waiter", 1, || vec![waiter.parked()]).await;
+            waiters.push(task);
+        }
+        for _ in 0..50 {
+            lookup.current_holder(&name).await.unwrap();
+        }
+        let mut took = Vec::new();
+        for _ in 0..500 {
+            let started = std::time::Instant::now();
+            let found = lookup.current_holder(&name).await.unwrap();
+            took.push(started.elapsed());
+            assert_eq!(found.map(|h| h.token), lease.token());
+        }
+        took.sort_unstable();
+        println!(
+            "queue of {queue}: median {:?}, p90 {:?}",
+            took[took.len() / 2],
+            took[took.len() * 9 / 10]
+        );
+        lease.release().await.unwrap();
+        for w in waiters {
+            w.await.unwrap().unwrap().release().await.unwrap();
+        }
+    }
+}

@@ -182,6 +182,16 @@ pub type ZooKeeperEnsemble = Ensemble<Loopback>;
 impl Ensemble<Loopback> {
     /// Start three servers and wait until one leads and another follows.
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// [`start`](Self::start), every server with the digest user `id` as its
+    /// superuser (see [`super::ZooKeeperService::with_super_digest`]).
+    pub async fn start_with_super_digest(id: &str) -> Self {
+        Self::start_with(Some(id)).await
+    }
+
+    async fn start_with(super_digest: Option<&str>) -> Self {
         let dir = temp_dir("zk-ensemble");
         let ports: Vec<(u16, u16, u16)> = (0..3)
             .map(|_| (free_port(), free_port(), free_port()))
@@ -202,6 +212,7 @@ impl Ensemble<Loopback> {
                     client_address: "127.0.0.1",
                     client_port,
                     ensemble: Some((id, &servers)),
+                    super_digest,
                 }
                 .write(&dir.path().join(format!("zk{id}")));
                 Member {

@@ -7,11 +7,15 @@
 //!   words that tell whether it serves.
 //! - [`standalone`]: one server, as a [`crate::service::Service`].
 //! - [`ensemble`]: three servers forming one quorum, wherever they run.
+//! - [`secured`]: a standalone server with a superuser and the lock roots
+//!   prepared, as the stack runs it.
 
 pub mod ensemble;
 pub mod node;
+pub mod secured;
 pub mod standalone;
 
 pub use ensemble::{Ensemble, Loopback, ZooKeeperEnsemble};
 pub use node::{four_letter, java_args};
+pub use secured::SecuredZooKeeper;
 pub use standalone::{ZooKeeper, ZooKeeperService};

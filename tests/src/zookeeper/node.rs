@@ -19,6 +19,10 @@ pub struct NodeConfig<'a> {
     pub client_port: u16,
     /// `(myid, the server.N lines of every member)`; `None` for a standalone server.
     pub ensemble: Option<(usize, &'a str)>,
+    /// The digest id (`user:base64(sha1(user:password))`) of a superuser,
+    /// who passes every ACL: ZooKeeper's `superDigest`, the admin's way back
+    /// in whatever ACLs the nodes have.
+    pub super_digest: Option<&'a str>,
 }
 
 impl NodeConfig<'_> {
@@ -35,6 +39,11 @@ impl NodeConfig<'_> {
             self.client_port,
             self.client_address
         );
+        if let Some(id) = self.super_digest {
+            // Keys zoo.cfg does not know become `zookeeper.`-prefixed
+            // system properties, which is where the digest provider looks.
+            cfg.push_str(&format!("DigestAuthenticationProvider.superDigest={id}\n"));
+        }
         let main_class = match self.ensemble {
             None => STANDALONE,
             Some((id, servers)) => {

@@ -9,8 +9,21 @@ use crate::service::{Server, Service};
 
 /// A standalone ZooKeeper server: what is its own (its `zoo.cfg`, a mode
 /// from `srvr` as readiness). The rest is [`Server`]'s.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ZooKeeperService;
+#[derive(Debug, Clone, Default)]
+pub struct ZooKeeperService {
+    /// See [`ZooKeeperService::with_super_digest`].
+    super_digest: Option<String>,
+}
+
+impl ZooKeeperService {
+    /// A server where the digest user `id` (`user:base64(sha1(user:password))`)
+    /// passes every ACL (ZooKeeper's superDigest): an admin.
+    pub fn with_super_digest(id: impl Into<String>) -> Self {
+        Self {
+            super_digest: Some(id.into()),
+        }
+    }
+}
 
 /// A standalone ZooKeeper server on a free port with its data in a temp dir.
 pub type ZooKeeper = Server<ZooKeeperService>;
@@ -24,6 +37,7 @@ impl Service for ZooKeeperService {
             client_address: "127.0.0.1",
             client_port: port,
             ensemble: None,
+            super_digest: self.super_digest.as_deref(),
         }
         .write(dir)
     }
@@ -35,6 +49,12 @@ impl Service for ZooKeeperService {
 }
 
 impl Server<ZooKeeperService> {
+    /// A standalone server whose superuser is the digest user `id` (see
+    /// [`ZooKeeperService::with_super_digest`]).
+    pub async fn start_with_super_digest(id: impl Into<String>) -> Self {
+        Self::launch(ZooKeeperService::with_super_digest(id)).await
+    }
+
     /// The connect string the client takes: `127.0.0.1:PORT`.
     pub fn connect_string(&self) -> String {
         format!("127.0.0.1:{}", self.port())

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use fencelock::zookeeper::{ZooKeeperLock, ZooKeeperReadWriteLock, LOCKS_ROOT};
+use fencelock::zookeeper::{escape_name, ZooKeeperLock, ZooKeeperReadWriteLock, LOCKS_ROOT};
+use harness::zookeeper::SecuredZooKeeper;
 use harness::ZooKeeper;
 use tokio::sync::OnceCell;
 use zookeeper_client as zk;
@@ -43,12 +44,71 @@ pub async fn connect_rw(connect_string: &str) -> ZooKeeperReadWriteLock {
         .expect("connect to zookeeper")
 }
 
-/// The nodes under a lock's parent, read with a plain client.
+/// The nodes under a lock's parent, read with a plain client (as `admin`,
+/// who may read them on the secured server too).
 pub async fn lock_nodes(connect_string: &str, name: &str) -> Vec<String> {
-    let client = zk::Client::connect(connect_string).await.unwrap();
+    let client = raw_client(connect_string, &["admin"]).await;
     match client.list_children(&format!("{LOCKS_ROOT}/{name}")).await {
         Ok(children) => children,
         Err(zk::Error::NoNode) => vec![],
         Err(e) => panic!("list children: {e}"),
     }
+}
+
+/// The shared secured server ([`SecuredZooKeeper`]): `admin` its
+/// superuser, the lock roots prepared. One for the whole binary (each test
+/// uses its own lock names).
+pub async fn secured() -> &'static SecuredZooKeeper {
+    static SECURED: OnceCell<SecuredZooKeeper> = OnceCell::const_new();
+    SECURED.get_or_init(SecuredZooKeeper::start).await
+}
+
+/// A lock service of lock client `user` on the [`secured`] server,
+/// recording `user` as its id.
+pub async fn lock_client(user: &str) -> ZooKeeperLock {
+    let s = secured().await;
+    ZooKeeperLock::connect_with(&s.connect_string(), SESSION, &s.lock_client_access(user))
+        .await
+        .expect("connect as a lock client")
+        .with_client_id(user)
+        .unwrap()
+}
+
+/// The gateway's session on the [`secured`] server: it reads, as `gateway`.
+pub async fn gateway() -> ZooKeeperLock {
+    let s = secured().await;
+    ZooKeeperLock::connect_with(&s.connect_string(), SESSION, &s.reader_access("gateway"))
+        .await
+        .expect("connect as the gateway")
+}
+
+/// A plain client on `connect_string`, authenticated as each of `users`
+/// (none: anonymous).
+pub async fn raw_client(connect_string: &str, users: &[&str]) -> zk::Client {
+    let mut connector = zk::Client::connector();
+    for user in users {
+        connector = connector.with_auth("digest", format!("{user}:{user}-secret").as_bytes());
+    }
+    connector.connect(connect_string).await.expect("connect")
+}
+
+/// The path of the one node under lock `name`.
+pub async fn only_node(connect_string: &str, name: &str) -> String {
+    let nodes = lock_nodes(connect_string, &escape_name(name).unwrap()).await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    format!("{}/{}", parent_of(name), nodes[0])
+}
+
+/// Where the nodes of lock `name` go.
+pub fn parent_of(name: &str) -> String {
+    format!("{LOCKS_ROOT}/{}", escape_name(name).unwrap())
+}
+
+/// Wait until an acquire on `lock` is parked on a watch (queued).
+pub async fn one_parked(lock: &ZooKeeperLock) {
+    harness::wait_until(Duration::from_secs(10), || async {
+        (lock.parked() == 1).then_some(()).ok_or(())
+    })
+    .await
+    .expect("an acquire parks behind the holder");
 }
