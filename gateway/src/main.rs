@@ -39,7 +39,9 @@ fn refuse(e: impl std::fmt::Display) -> ! {
 }
 
 async fn setup(config: SetupConfig) -> anyhow::Result<()> {
-    let options = config.options(CONNECT_PATIENCE);
+    let options = config
+        .options(CONNECT_PATIENCE)
+        .unwrap_or_else(|e| refuse(format!("setup: {e:#}")));
     match gateway::setup::run(config.database_url.expose(), &options).await {
         Ok(report) => {
             for step in report.steps {

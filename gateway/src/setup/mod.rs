@@ -10,16 +10,16 @@
 //! 3. the grants ([`grants`]): exactly the rights of each role on the page
 //!    tables, revoked and granted again in one transaction;
 //! 4. the lease table of the page database, with its grants (`lease.rs`);
-//! 5. with `--mysql-url`, MariaDB's lease table the same way.
-//!
-//! A ZooKeeper lock root's ACLs, when they are prepared here, are a step of
-//! their own after these, with the ZooKeeper admin's credentials.
+//! 5. with `--mysql-url`, MariaDB's lease table the same way;
+//! 6. with `--zookeeper-url`, the ZooKeeper lock roots' ACLs, with the
+//!    ZooKeeper admin's credentials (`zookeeper.rs`).
 //!
 //! The serving gateway applies none of this: its role cannot. It checks at
 //! start that the schema is this version's ([`crate::schema::check`]).
 
 mod grants;
 mod lease;
+mod zookeeper;
 
 use std::time::Duration;
 
@@ -68,6 +68,27 @@ pub struct SetupConfig {
     /// installed too. Without it, MariaDB is left alone.
     #[arg(long, env = "GATEWAY_SETUP_MYSQL_URL", hide_env_values = true)]
     pub mysql_url: Option<SecretUrl>,
+    /// ZooKeeper as its admin, zookeeper://admin:PW@h1:2181,h2:2181/: the
+    /// lock roots' ACLs are set (the admin's id must be the one the lock
+    /// clients name). Without it, ZooKeeper is left alone.
+    #[arg(long, env = "GATEWAY_SETUP_ZOOKEEPER_URL", hide_env_values = true)]
+    pub zookeeper_url: Option<SecretUrl>,
+    /// The digest id every ZooKeeper lock client also authenticates as,
+    /// `lock-clients:base64(sha1(lock-clients:PW))`: it may create locks.
+    #[arg(
+        long,
+        env = "GATEWAY_SETUP_ZOOKEEPER_LOCK_CLIENTS_ID",
+        requires = "zookeeper_url"
+    )]
+    pub zookeeper_lock_clients_id: Option<fencelock::zookeeper::DigestId>,
+    /// Digest ids that may read every lock (the gateways' issuer user),
+    /// comma-separated.
+    #[arg(
+        long,
+        env = "GATEWAY_SETUP_ZOOKEEPER_READER_IDS",
+        value_delimiter = ','
+    )]
+    pub zookeeper_reader_ids: Vec<fencelock::zookeeper::DigestId>,
 }
 
 /// The database roles setup grants rights to. Each must exist.
@@ -121,8 +142,19 @@ pub struct SetupOptions {
     pub lease_table: String,
     /// MariaDB's owner URL: its lease table is installed too.
     pub mysql_url: Option<String>,
+    /// ZooKeeper's admin URL, the lock clients' id and the readers' ids:
+    /// the lock roots' ACLs are set.
+    pub zookeeper: Option<ZooKeeperSetup>,
     /// How long to wait for the database to come up.
     pub patience: Duration,
+}
+
+/// What the ZooKeeper step needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZooKeeperSetup {
+    pub url: String,
+    pub lock_clients: fencelock::zookeeper::DigestId,
+    pub readers: Vec<fencelock::zookeeper::DigestId>,
 }
 
 impl Default for SetupOptions {
@@ -131,6 +163,7 @@ impl Default for SetupOptions {
             roles: Roles::default(),
             lease_table: fencelock::lease_table::DEFAULT_TABLE.into(),
             mysql_url: None,
+            zookeeper: None,
             patience: Duration::ZERO,
         }
     }
@@ -138,8 +171,19 @@ impl Default for SetupOptions {
 
 impl SetupConfig {
     /// The options these flags say, with a wait of `patience` for the database.
-    pub fn options(&self, patience: Duration) -> SetupOptions {
-        SetupOptions {
+    pub fn options(&self, patience: Duration) -> anyhow::Result<SetupOptions> {
+        let zookeeper = match (&self.zookeeper_url, &self.zookeeper_lock_clients_id) {
+            (Some(url), Some(lock_clients)) => Some(ZooKeeperSetup {
+                url: url.expose().to_owned(),
+                lock_clients: lock_clients.clone(),
+                readers: self.zookeeper_reader_ids.clone(),
+            }),
+            (None, _) => None,
+            (Some(_), None) => anyhow::bail!(
+                "GATEWAY_SETUP_ZOOKEEPER_URL needs GATEWAY_SETUP_ZOOKEEPER_LOCK_CLIENTS_ID: the id every lock client shares"
+            ),
+        };
+        Ok(SetupOptions {
             roles: Roles {
                 gateway: self.gateway_role.clone(),
                 unfenced: self.unfenced_role.clone(),
@@ -148,8 +192,9 @@ impl SetupConfig {
             },
             lease_table: self.lease_table.clone(),
             mysql_url: self.mysql_url.as_ref().map(|u| u.expose().to_owned()),
+            zookeeper,
             patience,
-        }
+        })
     }
 }
 
@@ -162,7 +207,9 @@ pub struct SetupReport {
 /// Run the steps (see the module docs) against the page database at
 /// `database_url`, as its owner. Errors name the step and never a password.
 pub async fn run(database_url: &str, options: &SetupOptions) -> anyhow::Result<SetupReport> {
-    let urls = std::iter::once(database_url).chain(options.mysql_url.as_deref());
+    let urls = std::iter::once(database_url)
+        .chain(options.mysql_url.as_deref())
+        .chain(options.zookeeper.as_ref().map(|z| z.url.as_str()));
     let urls: Vec<&str> = urls.collect();
     steps(database_url, options)
         .await
@@ -199,6 +246,12 @@ async fn steps(database_url: &str, options: &SetupOptions) -> anyhow::Result<Set
                 options.lease_table,
                 crate::redact(mysql)
             ));
+        }
+        if let Some(zk) = &options.zookeeper {
+            let step = zookeeper::prepare(&zk.url, &zk.lock_clients, &zk.readers)
+                .await
+                .context("ZooKeeper lock roots")?;
+            report.steps.push(step);
         }
         anyhow::Ok(())
     }

@@ -58,11 +58,17 @@ fn help_settings(command: &[&str]) -> BTreeMap<String, Setting> {
                 required,
             });
         } else if let Some(setting) = current.as_mut() {
-            if let Some(rest) = trimmed.strip_prefix("[env: ") {
-                let name = rest.trim_end_matches(']');
-                setting.env = Some(name.split('=').next().unwrap_or(name).to_owned());
-            } else if let Some(rest) = trimmed.strip_prefix("[default: ") {
-                setting.default = Some(rest.trim_end_matches(']').to_owned());
+            // On lines of their own (long help) or after the text (short).
+            let bracket = |tag: &str| {
+                let at = trimmed.find(tag)? + tag.len();
+                let rest = &trimmed[at..];
+                Some(rest[..rest.find(']')?].to_owned())
+            };
+            if let Some(name) = bracket("[env: ") {
+                setting.env = Some(name.split('=').next().unwrap_or(&name).to_owned());
+            }
+            if let Some(default) = bracket("[default: ") {
+                setting.default = Some(default);
             }
         }
     }

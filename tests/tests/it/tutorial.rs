@@ -22,7 +22,8 @@
 //! `token_not_current`, or by its fence, `stale_token`); through the unfenced
 //! one, accepted (marked `stale`) with the edits acknowledged in the meantime
 //! gone from the page. And a worker's own database login cannot move a
-//! fence behind the gateway's back.
+//! fence behind the gateway's back, nor an anonymous client plant a
+//! ZooKeeper holder.
 
 use std::time::Duration;
 
@@ -131,6 +132,20 @@ fn straggler_is_refused_by_the_fence_and_loses_an_update_without_it() {
     assert!(
         !out.status.success() && stderr.contains("permission denied for table pages"),
         "worker-1's login moved a fence: {stderr}"
+    );
+    // And a client without the lock clients' ZooKeeper user cannot plant a
+    // holder: ZooKeeper itself refuses (zkCli says NoAuth this way).
+    let zk = env
+        .lines()
+        .find_map(|l| l.strip_prefix("ZOOKEEPER_CONNECT="))
+        .and_then(|c| c.split(',').next())
+        .expect("worker-1 has a ZOOKEEPER_CONNECT");
+    let planted = stack.sh(&format!(
+        "/usr/share/zookeeper/bin/zkCli.sh -server {zk} create /fencing/locks/planted 2>&1"
+    ));
+    assert!(
+        planted.contains("Insufficient permission : /fencing/locks/planted"),
+        "an anonymous client created a lock node: {planted}"
     );
 }
 

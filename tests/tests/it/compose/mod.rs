@@ -52,6 +52,7 @@ const CONNECTION_VARS: &[&str] = &[
     "WORKER_GATEWAY",
     "GATEWAY_LISTEN",
     "GATEWAY_ISSUERS",
+    "GATEWAY_SETUP_ZOOKEEPER_URL",
 ];
 
 /// Variables naming a file: in compose a secret under /run/secrets/, in

@@ -119,10 +119,10 @@ fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_tutorial_says(
             "the fenced gateway trusts every backend with a token, and only those"
         );
         assert_eq!(issuers["redis"], worker["REDIS_URL"]);
-        assert_eq!(
-            issuers["zookeeper"],
-            format!("zookeeper://{}", worker["ZOOKEEPER_CONNECT"])
-        );
+        // ZooKeeper as the gateways' own (read-only) user.
+        let (zk_login, zk_hosts) = login_and_rest(issuers["zookeeper"]);
+        assert_eq!(zk_login, "gateway");
+        assert_eq!(zk_hosts.trim_end_matches('/'), worker["ZOOKEEPER_CONNECT"]);
         // The whole ensemble, and the sentinels with the master's name.
         assert_eq!(
             worker["ZOOKEEPER_CONNECT"].split(',').count(),
