@@ -286,11 +286,11 @@ impl LeaseTableOptions {
     }
 
     /// A holder lookup for a login that may only read the lease table
-    /// (default false): SELECT on it, as [`Install::reader`] grants, is
-    /// all it needs. [`HolderLookup`] with the table's own `select`, no
-    /// function; nothing is looked up or created at start (creation is
-    /// off). Not for taking locks: the database refuses them. See
-    /// [`LeaseTable::postgres_reader`], [`LeaseTable::mysql_reader`].
+    /// (default false; SELECT, as [`Install::reader`] grants): the table's
+    /// own `select`, nothing created; until the table exists it answers
+    /// that nothing was granted (and warns). Not for taking locks: the
+    /// database refuses them. See [`LeaseTable::postgres_reader`],
+    /// [`LeaseTable::mysql_reader`].
     pub fn read_only(mut self, on: bool) -> Self {
         self.read_only = on;
         self

@@ -256,11 +256,24 @@ impl Dialect for MyDialect {
         } else {
             &self.sql.holder
         };
-        let row: Option<Option<String>> = sqlx::query_scalar(sql)
+        let row: Option<Option<String>> = match sqlx::query_scalar(sql)
             .bind(name)
             .fetch_optional(&self.pool)
             .await
-            .map_err(|e| table.err(e))?;
+        {
+            Ok(row) => row,
+            // A reader creates nothing: before the install (or the first
+            // lock client) made the table, nothing was granted from it.
+            Err(sqlx::Error::Database(d))
+                if self.reader
+                    && d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|m| m.number() == 1146) =>
+            {
+                tracing::warn!(issuer = ISSUER_MYSQL, "holder lookup: {d}: nothing granted");
+                None
+            }
+            Err(e) => return Err(table.err(e)),
+        };
         let Some(row) = row.flatten() else {
             return Ok(None);
         };

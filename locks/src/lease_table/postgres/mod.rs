@@ -204,11 +204,25 @@ impl Dialect for PgDialect {
         } else {
             &self.sql.holder
         };
-        let row: Option<(String, i64, bool)> = sqlx::query_as(sql)
+        let row: Option<(String, i64, bool)> = match sqlx::query_as(sql)
             .bind(name)
             .fetch_optional(&self.pool)
             .await
-            .map_err(|e| table.err(e))?;
+        {
+            Ok(row) => row,
+            // A reader creates nothing: before the install (or the first
+            // lock client) made the table, nothing was granted from it.
+            Err(sqlx::Error::Database(d))
+                if self.reader && d.code().as_deref() == Some("42P01") =>
+            {
+                tracing::warn!(
+                    issuer = ISSUER_POSTGRES,
+                    "holder lookup: {d}: nothing granted"
+                );
+                None
+            }
+            Err(e) => return Err(table.err(e)),
+        };
         Ok(row.map(|(client_id, token, held)| Looked {
             client_id,
             token,

@@ -425,6 +425,21 @@ async fn a_reader_looks_and_does_nothing_else(side: Side) {
     lease.release().await.unwrap();
 }
 
+/// Before anything is installed, a reader (which creates nothing, even on
+/// a login that could) finds nothing granted: no holder, no token minted
+/// beyond 0. (The superuser's login: on MariaDB a user without a grant on
+/// the database cannot connect to it.)
+async fn a_reader_before_the_install_finds_nothing_granted(side: Side) {
+    let logins = side.logins(false).await;
+    let reader = side.reader(&logins.admin).await;
+    let state = reader
+        .state("page")
+        .await
+        .expect("no table: nothing granted");
+    assert_eq!(state.holder, None);
+    assert_eq!(state.minted, Some(Token::MIN));
+}
+
 /// Functions of another version: a lock client does not start, and says
 /// what to run; the owner's install (two at once, then a third) brings
 /// them to this version, and it starts.
@@ -473,6 +488,8 @@ rights!(Side::Pg,
         a_reader_looks_and_does_nothing_else,
     postgres_an_install_upgrades_functions_that_lock_clients_refuse =>
         an_install_upgrades_what_lock_clients_refuse,
+    postgres_a_reader_before_the_install_finds_nothing_granted =>
+        a_reader_before_the_install_finds_nothing_granted,
 );
 
 rights!(Side::My,
@@ -486,6 +503,8 @@ rights!(Side::My,
         a_reader_looks_and_does_nothing_else,
     mysql_an_install_upgrades_functions_that_lock_clients_refuse =>
         an_install_upgrades_what_lock_clients_refuse,
+    mysql_a_reader_before_the_install_finds_nothing_granted =>
+        a_reader_before_the_install_finds_nothing_granted,
 );
 
 /// PostgreSQL: a lock client that may not create tables finds nothing
