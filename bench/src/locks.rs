@@ -7,10 +7,11 @@
 //!   scripts (`EVALSHA` of [`GRANT_SCRIPT`] and [`RELEASE_SCRIPT`]) from one
 //!   client; the pair's rate is `1 / (1/grant + 1/release)`, its latency the
 //!   sum of the two;
-//! - the limit for PostgreSQL: `pgbench -M prepared` running the same lease
-//!   SQL (`postgres::Statements::acquire_fair_light` then `release_light`: an
-//!   uncontended acquire and release) against the same database;
-//! - the limit for MariaDB: `mariadb-slap` running the same SQL
+//! - the limit for PostgreSQL: `pgbench -M prepared` running the same calls
+//!   of the lease functions (`postgres::Statements::acquire_fair_light` then
+//!   `release_light`: an uncontended acquire and release) against the same
+//!   database;
+//! - the limit for MariaDB: `mariadb-slap` running the same calls
 //!   (`mysql::Statements::acquire_fair_light` then `release`: an uncontended fair
 //!   acquire and release; it reports no latencies);
 //! - the peer: the Python `redis` package's `Lock` (its defaults: 0.1 s sleep

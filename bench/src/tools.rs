@@ -108,9 +108,10 @@ pub(crate) fn parse_redis_benchmark(out: &str) -> anyhow::Result<(f64, Duration,
     ))
 }
 
-/// The pgbench script: the lease grant SQL (`\gset` keeps its token), then the
-/// release SQL with `:token`: the statements of an uncontended acquire and
-/// release of the fair lock (the light ones, see `fencelock::lease_table`).
+/// The pgbench script: the lease grant (`\gset` keeps its token), then the
+/// release with `:token`: the calls of an uncontended acquire and release of
+/// the fair lock (the light ones, see `fencelock::lease_table`), as the
+/// library sends them.
 pub(crate) fn pgbench_script() -> String {
     let sql = postgres::Statements::for_table(DEFAULT_TABLE);
     let grant = sql
@@ -125,7 +126,11 @@ pub(crate) fn pgbench_script() -> String {
         .replace("$1", "'pgbench'")
         .replace("$2", "'pgbench-holder'")
         .replace("$3", ":token");
-    format!("{} \\gset\n{};\n", sql_line(&grant), sql_line(&release))
+    format!(
+        "{} as token \\gset\n{};\n",
+        sql_line(&grant),
+        sql_line(&release)
+    )
 }
 
 /// pgbench -M prepared, one client, for `t` seconds, running `script_path`
@@ -182,16 +187,17 @@ pub(crate) fn pgbench_latencies(dir: &Path) -> anyhow::Result<Vec<Duration>> {
     Ok(latencies)
 }
 
-/// The mariadb-slap query: the lease grant then release SQL on the existing
-/// row `limit`; the release reads the token with `last_insert_id()` on the
-/// same connection.
+/// The mariadb-slap query: the lease grant then release calls on the
+/// existing row `limit`; the grant keeps its token in a user variable of
+/// the connection, which the release reads.
 pub(crate) fn mariadb_slap_query() -> String {
     let sql = mysql::Statements::for_table(DEFAULT_TABLE);
-    // Binds as `LeaseTable` sends them: holder (twice: both branches of the
-    // `if` that takes the bell), client, TTL in µs, name, lock-delay in µs.
+    // Binds as `LeaseTable` sends them: holder, client, TTL in µs, name,
+    // lock-delay in µs.
     let grant = sql
         .acquire_fair_light
-        .replacen('?', "'slap-holder'", 2)
+        .replacen("select ", "select @token := ", 1)
+        .replacen('?', "'slap-holder'", 1)
         .replacen('?', "'slap-client'", 1)
         .replacen('?', "10000000", 1)
         .replacen('?', "'limit'", 1)
@@ -200,7 +206,7 @@ pub(crate) fn mariadb_slap_query() -> String {
         .release
         .replacen('?', "'limit'", 1)
         .replacen('?', "'slap-holder'", 1)
-        .replacen('?', "last_insert_id()", 1);
+        .replacen('?', "@token", 1);
     format!("{};{}", sql_line(&grant), sql_line(&release))
 }
 
@@ -378,11 +384,16 @@ mod tests {
         let slap = mariadb_slap_query();
         assert!(!slap.contains("--"), "{slap}");
         assert!(!slap.contains('?'), "every parameter bound: {slap}");
-        let (grant, _) = slap.split_once(';').expect("two statements");
-        assert!(grant.contains("where l.name = 'limit'"), "{grant}");
-        assert!(grant.contains("l.client_id = 'slap-client'"), "{grant}");
+        let (grant, release) = slap.split_once(';').expect("two statements");
+        assert!(
+            grant.ends_with("('slap-holder', 'slap-client', 10000000, 'limit', 0)"),
+            "{grant}"
+        );
+        assert!(
+            release.ends_with("('limit', 'slap-holder', @token)"),
+            "{release}"
+        );
         assert_eq!(slap.matches(';').count(), 1, "two statements: {slap}");
-        assert!(slap.contains("where l.name = 'limit'"), "{slap}");
         let pgbench = pgbench_script();
         assert!(!pgbench.contains("--"), "{pgbench}");
         assert_eq!(pgbench.lines().count(), 2, "{pgbench}");

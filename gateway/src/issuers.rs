@@ -162,7 +162,11 @@ fn sentinel_parts(url: &str) -> (Vec<String>, &str) {
 }
 
 async fn connect(spec: &IssuerSpec) -> Result<Arc<dyn HolderLookup>, LockError> {
-    let lease_table = LeaseTableOptions::default().max_connections(LEASE_TABLE_CONNECTIONS);
+    // The issuer's login may only read the lease table (`gateway setup`
+    // grants it SELECT): the lookup's own select, nothing created.
+    let lease_table = LeaseTableOptions::default()
+        .max_connections(LEASE_TABLE_CONNECTIONS)
+        .read_only(true);
     Ok(match spec.backend {
         Backend::Redis => Arc::new(RedisLock::connect(&spec.url).await?),
         // One lookup finds the holder of either variant (the fair queue's

@@ -7,7 +7,9 @@ use sqlx::MySqlConnection;
 use tokio::sync::OnceCell;
 
 use crate::process::{find_binary, Recipe};
-use crate::service::{fresh_database_in, sql_ping_at, Database, Server, Service, Shared};
+use crate::service::{
+    execute_all, fresh_database_in, login_url, sql_ping_at, Database, Server, Service, Shared,
+};
 
 /// A MariaDB server: what is its own (`mariadb-install-db`, its settings,
 /// `select 1` as readiness). The rest is [`Server`]'s.
@@ -90,4 +92,14 @@ static SHARED: OnceCell<Shared<MariaDbService>> = OnceCell::const_new();
 /// (its path is replaced), or else on a private MariaDB started on first use.
 pub async fn fresh_mysql_database() -> String {
     fresh_database_in(&SHARED, MariaDbService).await
+}
+
+/// User `'name'@'%'` (password `name`) on the server of `url` (root's),
+/// created if missing, without any privilege. Users belong to the whole
+/// server, so tests name theirs after their database. The URL of `url`'s
+/// database as that user.
+pub async fn create_user(url: &str, name: &str) -> String {
+    let create = format!("create user if not exists '{name}'@'%' identified by '{name}'");
+    execute_all::<MySqlConnection>(url, &[create]).await;
+    login_url(url, name, name)
 }

@@ -9,7 +9,9 @@ use sqlx::PgConnection;
 use tokio::sync::OnceCell;
 
 use crate::process::{find_binary, Recipe};
-use crate::service::{fresh_database_in, sql_ping_at, Database, Server, Service, Shared};
+use crate::service::{
+    execute_all, fresh_database_in, login_url, sql_ping_at, Database, Server, Service, Shared,
+};
 
 pub(crate) const PG_BIN: &[&str] = &["/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin"];
 
@@ -122,6 +124,29 @@ static SHARED: OnceCell<Shared<PostgresService>> = OnceCell::const_new();
 /// or else on a private one started on first use. Returns its URL.
 pub async fn fresh_database() -> String {
     fresh_database_in(&SHARED, PostgresService).await
+}
+
+/// Role `name` on the server of `url` (a superuser's), created if missing:
+/// a login (password `name`) unless `login` is false (a group), member of
+/// `groups`. Roles belong to the whole server, so tests name theirs after
+/// their database. The URL of `url`'s database as that role.
+pub async fn create_role(url: &str, name: &str, login: bool, groups: &[&str]) -> String {
+    let login_clause = if login {
+        format!("login password '{name}'")
+    } else {
+        "nologin".into()
+    };
+    let mut statements = vec![format!(
+        "do $$ begin create role \"{name}\" {login_clause}; \
+         exception when duplicate_object then null; end $$"
+    )];
+    statements.extend(
+        groups
+            .iter()
+            .map(|g| format!("grant \"{g}\" to \"{name}\"")),
+    );
+    execute_all::<PgConnection>(url, &statements).await;
+    login_url(url, name, name)
 }
 
 pub(crate) fn postgres_user() -> (u32, u32) {

@@ -307,9 +307,46 @@ where
     }
 }
 
+/// Run `statements` one after the other on one connection to `url`;
+/// panics naming the one that failed.
+pub(crate) async fn execute_all<C>(url: &str, statements: &[String])
+where
+    C: Connection,
+    for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+{
+    let mut conn = C::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    for statement in statements {
+        conn.execute(statement.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    let _ = conn.close().await;
+}
+
+/// `url` with its user and password replaced by `user` and `password`.
+pub fn login_url(url: &str, user: &str, password: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{user}:{password}@{host}")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::replace_database;
+    use super::{login_url, replace_database};
+
+    #[test]
+    fn the_login_is_replaced() {
+        assert_eq!(
+            login_url("postgres://postgres@h:1/db", "w", "pw"),
+            "postgres://w:pw@h:1/db"
+        );
+        assert_eq!(
+            login_url("mysql://root:x@127.0.0.1:3306/t_1", "w", "pw"),
+            "mysql://w:pw@127.0.0.1:3306/t_1"
+        );
+    }
 
     #[test]
     fn database_name_is_replaced() {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::{gateway_with, keyed, Api, Reply};
-use fencelock::lease_table::LeaseTable;
+use fencelock::lease_table::{self, Install, LeaseTable};
 use fencelock::redis::RedisLock;
 use fencelock::zookeeper::{escape_name, ZooKeeperLock, LOCKS_ROOT};
 use fencelock::{Backend, Lease, LockService};
@@ -55,8 +55,20 @@ impl Issuer {
                 issuer.url = format!("zookeeper://{}", zk.connect_string());
                 issuer.zookeeper = Some(zk);
             }
-            Backend::LeasePostgres => issuer.url = harness::fresh_database().await,
-            Backend::LeaseMysql => issuer.url = harness::fresh_mysql_database().await,
+            // Installed first, as `gateway setup` does: the gateway only
+            // reads the lease table.
+            Backend::LeasePostgres => {
+                issuer.url = harness::fresh_database().await;
+                lease_table::install_postgres(&issuer.url, &Install::new())
+                    .await
+                    .unwrap();
+            }
+            Backend::LeaseMysql => {
+                issuer.url = harness::fresh_mysql_database().await;
+                lease_table::install_mysql(&issuer.url, &Install::new())
+                    .await
+                    .unwrap();
+            }
             other => panic!("{other} is not an issuer of these tests"),
         }
         issuer

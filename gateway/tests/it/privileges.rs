@@ -165,10 +165,37 @@ const NO_PAGE_RIGHTS: [&str; 6] = [
     "create table mine (x int)",
 ];
 
+/// A worker takes, renews and releases leases through the functions setup
+/// installed; it may neither touch the page tables nor read or write the
+/// lease tables.
 #[tokio::test]
-async fn a_worker_login_has_no_right_on_the_page_tables() {
+async fn a_worker_login_has_no_right_on_the_page_tables_and_locks_only_through_the_functions() {
+    use std::time::Duration;
+
+    use fencelock::lease_table::LeaseTable;
+    use fencelock::LockService;
+
     let db = seeded().await;
-    assert_rights("a worker", &db.worker, &[], &NO_PAGE_RIGHTS).await;
+    let lease_tables = [
+        "select * from fencelock_leases",
+        "select * from fencelock_leases_waiters",
+        "delete from fencelock_leases_waiters",
+    ];
+    let refused = [&NO_PAGE_RIGHTS[..], &LEASE_WRITES, &lease_tables].concat();
+    assert_rights("a worker", &db.worker, &[], &refused).await;
+
+    let locks = LeaseTable::postgres(&db.worker)
+        .await
+        .expect("a worker connects without creating anything")
+        .with_client_id("alice")
+        .unwrap();
+    let lease = locks
+        .acquire("page:w", Duration::from_secs(30), Duration::from_secs(10))
+        .await
+        .expect("a lease through the functions");
+    assert_eq!(lease.token().unwrap().get(), 1);
+    lease.renew().await.unwrap();
+    lease.release().await.unwrap();
 }
 
 #[tokio::test]

@@ -1,19 +1,58 @@
 //! A lease table in SQL, on PostgreSQL (issuer `lease-postgres`, feature
 //! `lease-postgres`) or on MySQL/MariaDB (issuer `lease-mysql`, feature
 //! `lease-mysql`): one row per lock name,
-//! `(name primary key, holder, client_id, token, expires_at, released, granted_at)`,
-//! and a queue of waiters beside it, `<table>_waiters`.
+//! `(name primary key, holder, client_id, login, token, expires_at, released, granted_at)`,
+//! and a queue of waiters beside it, `<table>_waiters`, reached only
+//! through the table's functions.
 //!
-//! # The tables
-//! The constructors create the tables if they are missing (`create table if
-//! not exists`; on MySQL/MariaDB also the queue's trigger and, in a table
-//! from before it, the `queued_until` column, see "The uncontended path";
-//! nothing else: no migration bookkeeping that could clash with the host
-//! application's own). The lease table is `fencelock_leases` unless
-//! [`LeaseTableOptions::table`] says otherwise; its queue is the same name
-//! with `_waiters`. To create them yourself (with your own migrations), take
-//! the DDL from [`postgres::Statements::ddl`] / [`mysql::Statements::ddl`]
-//! and turn creation off with [`LeaseTableOptions::create_table`].
+//! # The tables and their functions
+//! Every statement of the lock is the body of a function of the table,
+//! `<table>_<verb>` (PostgreSQL: PL/pgSQL, `SECURITY DEFINER`; MariaDB:
+//! stored functions, `SQL SECURITY DEFINER`), and the library sends their
+//! calls. The functions run with their owner's rights, so a lock client
+//! needs EXECUTE on them and no privilege on the tables (see "Rights").
+//! PL/pgSQL keeps each statement's plan across calls, as a prepared
+//! statement does (a `language sql` function is planned again at every
+//! call).
+//!
+//! [`install_postgres`] / [`install_mysql`] ([`Install`]) create the tables
+//! and functions and grant them: the operator's step, run as their owner.
+//! The constructors ([`LeaseTable::postgres`], [`LeaseTable::mysql`]) look
+//! first: functions of this version are used as they are (nothing is
+//! created, no catalog is touched); otherwise, with creation on (the
+//! default), they install them as the login they connect with (so a
+//! superuser or owner login just works), and a login that may not (a lock
+//! client) gets `InvalidConfig` naming what its owner must run. Tables made
+//! by an earlier version get their new columns (on MariaDB also names
+//! compared byte for byte). Nothing else: no migration bookkeeping that
+//! could clash with the host application's own. The lease table is
+//! `fencelock_leases` unless [`LeaseTableOptions::table`] says otherwise;
+//! its queue is the same name with `_waiters`. To create them yourself
+//! (with your own migrations), take the DDL from
+//! [`postgres::Statements::ddl`] / [`mysql::Statements::ddl`] and turn
+//! creation off with [`LeaseTableOptions::create_table`].
+//!
+//! # Rights
+//! - A lock client (EXECUTE on the functions) takes, waits for, renews and
+//!   releases leases, and nothing else: the database refuses its own
+//!   `select`, `insert`, `update` and `delete` on both tables. A grant
+//!   records the login it was made to (PostgreSQL `session_user`, MariaDB
+//!   the user name; a hand-over, the waiter's login kept in its place), and
+//!   renew, release and give back require that login: a lock client that
+//!   learns another's holder id and token (a notification's payload is
+//!   heard by any connection that listens) cannot end or extend that lease
+//!   (the function refuses: PostgreSQL SQLSTATE 42501, MariaDB 42000).
+//! - A reader (SELECT on the lease table, EXECUTE on the holder lookup)
+//!   looks holders up ([`LeaseTable::postgres_reader`],
+//!   [`LeaseTable::mysql_reader`]) and can do nothing else.
+//! - What a lock client can still do: take a free lock out of turn (the
+//!   non-fair grant looks at no queue), hold it for as long as it renews,
+//!   and read every lock's holder and token through the holder lookup. It
+//!   cannot move a token anywhere but up by one per grant.
+//! - The PostgreSQL functions run with `search_path = pg_catalog, <their
+//!   schema>, pg_temp`: a caller's temporary table cannot stand in for the
+//!   lease table. Keep the schema's CREATE from lock clients (PostgreSQL 15
+//!   grants none on `public`).
 //!
 //! # Grant
 //! One atomic statement takes the row when it is free and adds one to its
@@ -76,14 +115,11 @@
 //! it skips nobody, since a live place implies `queued_until` ahead. The
 //! bound is never lowered, so for up to a place's life (2 s) after the last
 //! waiter the light grant is refused needlessly and the statement that
-//! looks at the queue follows. On MariaDB, a table without the column or
-//! the trigger (created by your migrations from an older DDL, or a server
-//! that refuses triggers) still works: the service checks both at start
-//! and otherwise always looks at the queue. On PostgreSQL the fair
-//! statements write the column, so a table without it is refused at start
-//! with the `alter table` to run. The constructors add what is missing
-//! when they create the tables, and look first: `alter table` (and
-//! MariaDB's `create trigger`, even `if not exists`) takes the table's
+//! looks at the queue follows. On MariaDB, a table without the trigger (a
+//! server that refuses triggers) still works: the version function says
+//! so, and the service always looks at the queue. The installs add what is
+//! missing, and look first: `alter table` (and MariaDB's `create trigger`,
+//! even `if not exists`, and `create or replace function`) takes an
 //! exclusive lock, which waits for running statements (on MariaDB every
 //! waiter blocked on a bell) and holds up every lock statement meanwhile,
 //! so upgrade in a quiet moment (or run the DDL yourself).
@@ -130,12 +166,15 @@
 //!   databases but for the statements (`Held`).
 //! - `queue.rs`: a fair waiter's place, and the memory of contended locks
 //!   that picks the light statements.
-//! - `sql.rs`: the placeholders of the SQL files.
+//! - `install.rs`: [`Install`], what an install sets up and who it grants,
+//!   and the refusals of a login that may not install.
+//! - `sql.rs`: the placeholders of the SQL files, the version digest.
 //! - `postgres/`: the PostgreSQL dialect (`mod.rs`), its `LISTEN`
-//!   connection (`listen.rs`), its [`postgres::Statements`]
-//!   (`statements.rs`, from `sql/`).
+//!   connection (`listen.rs`), its [`postgres::Statements`] and functions
+//!   (`statements.rs`, from `sql/`), its install (`install.rs`).
 //! - `mysql/`: the MySQL/MariaDB dialect (`mod.rs`), its bells (`bell.rs`),
-//!   its [`mysql::Statements`] (`statements.rs`, from `sql/`).
+//!   its [`mysql::Statements`] and functions (`statements.rs`, from `sql/`),
+//!   its install (`install.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -149,10 +188,11 @@ use crate::settings::{Configurable, Settings};
 use crate::wake::{Queue, QueuePlace};
 use crate::{
     validity_for, AcquireOptions, Fencing, Holder, HolderLookup, Lease, LockError, LockService,
-    NewLease, Token, WaitCounters, WaitStats,
+    LockState, NewLease, Token, WaitCounters, WaitStats,
 };
 
 mod grant;
+mod install;
 #[cfg(feature = "lease-mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lease-mysql")))]
 pub mod mysql;
@@ -163,6 +203,11 @@ mod queue;
 mod sql;
 
 use grant::{Granted, Held, LeaseGrant};
+#[cfg(feature = "lease-mysql")]
+pub use install::install_mysql;
+#[cfg(feature = "lease-postgres")]
+pub use install::install_postgres;
+pub use install::Install;
 use queue::Contended;
 
 pub const ISSUER_POSTGRES: &str = "lease-postgres";
@@ -184,8 +229,12 @@ pub use crate::settings::DEFAULT_POLL_FALLBACK;
 /// How many lock names a service remembers (MariaDB: as having a row; both:
 /// as contended lately).
 const KNOWN_ROWS: usize = 4096;
-/// The longest a table name can be: its queue adds `_waiters`.
-const MAX_TABLE_NAME: usize = 63 - "_waiters".len();
+/// The longest suffix a table's name gets: its functions are
+/// `<table>_<verb>`, its queue `<table>_waiters`, and every one of them
+/// fits PostgreSQL's 63 bytes.
+const LONGEST_SUFFIX: &str = "_release_light";
+/// The longest a table name can be.
+const MAX_TABLE_NAME: usize = 63 - LONGEST_SUFFIX.len();
 
 /// How to set up a [`LeaseTable`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +242,7 @@ pub struct LeaseTableOptions {
     table: String,
     create_table: bool,
     max_connections: u32,
+    read_only: bool,
 }
 
 impl Default for LeaseTableOptions {
@@ -201,22 +251,26 @@ impl Default for LeaseTableOptions {
             table: DEFAULT_TABLE.into(),
             create_table: true,
             max_connections: MAX_CONNECTIONS,
+            read_only: false,
         }
     }
 }
 
 impl LeaseTableOptions {
-    /// The table's name: `[A-Za-z_][A-Za-z0-9_]*`, at most 55 bytes (checked
+    /// The table's name: `[A-Za-z_][A-Za-z0-9_]*`, at most 49 bytes (checked
     /// by the constructor, since it is written into the SQL; its queue table
-    /// adds `_waiters`).
+    /// adds `_waiters`, its functions `_<verb>`, up to `_release_light`).
     pub fn table(mut self, name: impl Into<String>) -> Self {
         self.table = name.into();
         self
     }
 
-    /// Whether the constructor runs `create table if not exists` (default
-    /// true). Turn it off when your own migrations create the tables from
-    /// [`postgres::Statements::ddl`] or [`mysql::Statements::ddl`].
+    /// Whether the constructor installs the tables and their functions when
+    /// they are missing or from another version (default true; see "The
+    /// tables and their functions"). Turn it off when your own migrations
+    /// create them from [`postgres::Statements::ddl`] or
+    /// [`mysql::Statements::ddl`], or [`install_postgres`] /
+    /// [`install_mysql`] does.
     pub fn create_table(mut self, on: bool) -> Self {
         self.create_table = on;
         self
@@ -228,6 +282,17 @@ impl LeaseTableOptions {
     /// one while it waits.
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n.max(1);
+        self
+    }
+
+    /// A holder lookup for a login that may only read the lease table
+    /// (default false; SELECT, as [`Install::reader`] grants): the table's
+    /// own `select`, nothing created; until the table exists it answers
+    /// that nothing was granted (and warns). Not for taking locks: the
+    /// database refuses them. See [`LeaseTable::postgres_reader`],
+    /// [`LeaseTable::mysql_reader`].
+    pub fn read_only(mut self, on: bool) -> Self {
+        self.read_only = on;
         self
     }
 }
@@ -266,7 +331,7 @@ fn validate_table(name: &str) -> Result<(), LockError> {
     } else {
         Err(LockError::InvalidConfig(format!(
             "lease table name {name:?}: must match [A-Za-z_][A-Za-z0-9_]{{0,{}}} (its queue \
-             table adds `_waiters`)",
+             table and its functions add suffixes, up to `{LONGEST_SUFFIX}`)",
             MAX_TABLE_NAME - 1
         )))
     }
@@ -290,8 +355,8 @@ trait Dialect {
     /// pool.
     async fn leave(&self, table: &LeaseTable, name: &str, waiter: &str) -> Result<(), LockError>;
 
-    /// One holder lookup statement: who holds the lease of `name`.
-    async fn holder(&self, table: &LeaseTable, name: &str) -> Attempt<Option<Holder>>;
+    /// One holder lookup statement: the row of `name`, if it has one.
+    async fn lookup(&self, table: &LeaseTable, name: &str) -> Attempt<Option<Looked>>;
 }
 
 /// The database of a [`LeaseTable`], with its [`Dialect`].
@@ -524,15 +589,41 @@ impl LeaseTable {
         (db_error(self.issuer_name(), e), retry)
     }
 
-    fn token(&self, t: i64) -> Result<Token, LockError> {
+    /// The token `t` that a statement answered (MariaDB's column is
+    /// unsigned), checked.
+    fn token<T>(&self, t: T) -> Result<Token, LockError>
+    where
+        T: Copy + std::fmt::Display,
+        Token: TryFrom<T, Error = crate::TokenError>,
+    {
         Token::try_from(t)
             .map_err(|e| LockError::protocol(self.issuer_name(), format!("token {t}: {e}")))
     }
 
-    /// A holder lookup's answer, from the row's client id and token.
-    fn holder(&self, client_id: String, token: i64) -> Attempt<Holder> {
-        let token = self.token(token).map_err(|e| (e, false))?;
-        Ok(Holder { client_id, token })
+    /// The lock `name` as its row says: one indexed `select` by primary key
+    /// (a function's, or the reader's own), judged by the database's clock,
+    /// whatever the variant (fair or not) that holds the lease. No row:
+    /// never granted, so nothing minted.
+    async fn lookup(&self, name: &str) -> Result<LockState, LockError> {
+        let row = with_reconnect(|| async {
+            self.sent(1);
+            dialect!(self, |d| d.lookup(self, name).await)
+        })
+        .await?;
+        let Some(row) = row else {
+            return Ok(LockState {
+                holder: None,
+                minted: Some(Token::MIN),
+            });
+        };
+        let token = self.token(row.token)?;
+        Ok(LockState {
+            holder: row.held.then_some(Holder {
+                client_id: row.client_id,
+                token,
+            }),
+            minted: Some(token),
+        })
     }
 
     async fn acquire_waiting(&self, name: &str, opts: AcquireOptions) -> Result<Lease, LockError> {
@@ -585,20 +676,24 @@ impl HolderLookup for LeaseTable {
         self.issuer_name()
     }
 
-    /// One indexed `select` by primary key, judged by the database's clock,
-    /// whatever the variant (fair or not) that holds the lease.
+    /// One statement: the lease row, by primary key.
     fn current_holder<'a>(
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
-        async move {
-            with_reconnect(|| async {
-                self.sent(1);
-                dialect!(self, |d| d.holder(self, name).await)
-            })
-            .await
-        }
-        .boxed()
+        async move { Ok(self.lookup(name).await?.holder) }.boxed()
+    }
+
+    /// The holder and the row's token, which is the highest minted for
+    /// `name` (0 when it was never granted), in one statement.
+    fn state<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<LockState, LockError>> {
+        self.lookup(name).boxed()
+    }
+
+    /// The row's token: the highest minted for `name` (0 when it was never
+    /// granted).
+    fn minted<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Token>, LockError>> {
+        async move { Ok(self.lookup(name).await?.minted) }.boxed()
     }
 }
 
@@ -629,38 +724,13 @@ impl LockService for LeaseTable {
     }
 }
 
-/// A holder lookup (`sql`: either dialect's `holder` statement, binding
-/// the lock's name) on `pool`: the client id and token of the lease of
-/// `name`, if one holds.
-async fn fetch_holder<DB, T>(
-    table: &LeaseTable,
-    pool: &sqlx::Pool<DB>,
-    sql: &str,
-    name: &str,
-) -> Attempt<Option<Holder>>
-where
-    DB: sqlx::Database,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    HolderRow<T>: for<'r> sqlx::FromRow<'r, DB::Row> + Send + Unpin,
-    T: TryInto<i64>,
-{
-    let row: Option<HolderRow<T>> = sqlx::query_as(sql)
-        .bind(name)
-        .fetch_optional(pool)
-        .await
-        .map_err(|e| table.err(e))?;
-    // MariaDB's token column is unsigned: a token past i64 is capped.
-    row.map(|h| table.holder(h.client_id, h.token.try_into().unwrap_or(i64::MAX)))
-        .transpose()
-}
-
-/// A holder lookup's answer (`T`: the token column's type).
-#[derive(sqlx::FromRow)]
-struct HolderRow<T> {
+/// A lease row, as a holder lookup reads it.
+struct Looked {
     client_id: String,
-    token: T,
+    /// The last grant's (MariaDB's unsigned column, capped at `i64::MAX`).
+    token: i64,
+    /// A lease holds it: neither released nor lapsed.
+    held: bool,
 }
 
 /// Run `statement` again when it failed in a way that another try can fix:
@@ -721,8 +791,8 @@ mod tests {
 
     #[test]
     fn table_names_leave_room_for_the_queue_table() {
-        assert_eq!(validate_table(&"a".repeat(55)), Ok(()));
-        assert!(validate_table(&"a".repeat(56)).is_err());
+        assert_eq!(validate_table(&"a".repeat(49)), Ok(()));
+        assert!(validate_table(&"a".repeat(50)).is_err());
         assert!(validate_table("1abc").is_err());
         assert!(validate_table("a-b").is_err());
     }

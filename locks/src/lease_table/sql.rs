@@ -29,6 +29,55 @@ pub(super) fn statement(template: &str, table: &str, parts: &[(&str, &str)]) -> 
     sql
 }
 
+/// One function of a lease table, `<table>_<verb>(<params>)`, answering
+/// `returns`, whose body is `body` (with `{table}` still unfilled).
+pub(super) struct Function {
+    pub(super) verb: &'static str,
+    pub(super) params: &'static str,
+    pub(super) returns: &'static str,
+    pub(super) body: String,
+}
+
+impl Function {
+    pub(super) fn new(
+        verb: &'static str,
+        params: &'static str,
+        returns: &'static str,
+        body: String,
+    ) -> Function {
+        Function {
+            verb,
+            params,
+            returns,
+            body,
+        }
+    }
+
+    /// Its `create or replace function` for table `table`, from `template`
+    /// (each database's, with `{verb}`, `{params}`, `{returns}` and
+    /// `{body}`) and its `more` parts.
+    pub(super) fn create(&self, template: &str, table: &str, more: &[(&str, &str)]) -> String {
+        let mut parts = vec![
+            ("verb", self.verb),
+            ("params", self.params),
+            ("returns", self.returns),
+            ("body", self.body.as_str()),
+        ];
+        parts.extend_from_slice(more);
+        statement(template, table, &parts)
+    }
+}
+
+/// A digest of `parts` (FNV-1a, 64 bits, in hex): the same text gives the
+/// same digest on every build, which a version check needs.
+pub(super) fn digest(parts: &[String]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in parts.iter().flat_map(|p| p.bytes().chain([0])) {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
 /// The first `{name}` (lower case letters and `_`) in `sql`. A regular
 /// expression's `{16}` is not one.
 fn placeholder_in(sql: &str) -> Option<&str> {
@@ -52,6 +101,12 @@ mod tests {
             statement("{inner} where x ~ '^a{16}'", "t", &[("inner", &inner)]),
             "select name from t where x ~ '^a{16}'"
         );
+    }
+
+    #[test]
+    fn the_digest_is_fnv1a() {
+        assert_eq!(digest(&["a".into()]), "089be207b544f1e4");
+        assert_ne!(digest(&["ab".into()]), digest(&["a".into(), "b".into()]));
     }
 
     #[test]

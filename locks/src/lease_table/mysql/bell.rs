@@ -8,7 +8,7 @@ use sqlx::pool::PoolConnection;
 use tokio::time::Instant;
 
 use super::{micros, MyDialect};
-use crate::lease_table::LeaseTable;
+use crate::lease_table::{LeaseTable, ISSUER_MYSQL};
 use crate::{LockError, Waiter};
 
 /// How often a waiter polls while the holder rings no bell.
@@ -134,7 +134,6 @@ pub(super) use on_conn;
 
 /// [`super::Statements::wait`]'s answer (what it read before it blocked,
 /// then whether the bell came).
-#[derive(sqlx::FromRow)]
 struct Waited {
     token: u64,
     held: Option<i64>,
@@ -142,6 +141,31 @@ struct Waited {
     bell_free: Option<i64>,
     rang: Option<i64>,
     first_now: Option<i64>,
+}
+
+impl Waited {
+    /// From the function's text, `token held bell_free rang first_now
+    /// pred` (`-`: null).
+    fn parse(text: &str) -> Option<Waited> {
+        let mut fields = text.split(' ');
+        let mut next = || fields.next().filter(|f| *f != "-");
+        let number = |f: Option<&str>| f.and_then(|f| f.parse::<i64>().ok());
+        let token = next()?.parse().ok()?;
+        let (held, bell_free, rang, first_now) = (
+            number(next()),
+            number(next()),
+            number(next()),
+            number(next()),
+        );
+        Some(Waited {
+            token,
+            held,
+            pred: next().map(str::to_string),
+            bell_free,
+            rang,
+            first_now,
+        })
+    }
 }
 
 /// A waiter: blocks in `GET_LOCK` on the bell of the one before it (see
@@ -177,13 +201,12 @@ impl Waiter for BellWaiter<'_> {
             }
             let waited = on_conn_once!(t, &mut st, &self.my.pool, |conn| async {
                 t.sent(1);
-                sqlx::query_as::<_, Waited>(&self.my.sql.wait)
+                sqlx::query_scalar::<_, Option<String>>(&self.my.sql.wait)
                     .bind(micros(t.lock_delay))
                     .bind(left.as_secs_f64())
-                    .bind(micros(t.lock_delay))
                     .bind(self.waiter)
                     .bind(self.name)
-                    .fetch_optional(&mut *conn)
+                    .fetch_one(&mut *conn)
                     .await
             });
             let row = match waited {
@@ -194,10 +217,13 @@ impl Waiter for BellWaiter<'_> {
             };
             // No row: the lock was never granted (or its row was deleted);
             // try again, creating it.
-            let Some(w) = row else {
+            let Some(text) = row else {
                 self.my.forget_row(self.name);
                 return Ok(false);
             };
+            let w = Waited::parse(&text).ok_or_else(|| {
+                LockError::protocol(ISSUER_MYSQL, format!("wait answered {text:?}"))
+            })?;
             let token = w.token.min(i64::MAX as u64) as i64;
             match (w.bell_free, w.rang) {
                 // The bell was held and came to us: its holder let it go.

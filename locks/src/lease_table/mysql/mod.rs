@@ -1,8 +1,10 @@
-//! The lease table on MySQL/MariaDB: its [`Statements`], and how its waiters
-//! wait on bells.
+//! The lease table on MySQL/MariaDB: its [`Statements`] and stored
+//! functions, how they are installed
+//! ([`install_mysql`](super::install_mysql)), and how its waiters wait on
+//! bells.
 //!
 //! # Waiting: the holder rings a bell
-//! MariaDB has no `LISTEN`. The holder's grant statement takes a user-level
+//! MariaDB has no `LISTEN`. The holder's grant function takes a user-level
 //! lock, the *bell* (`GET_LOCK('fencelock:<md5 of database/table/name>')`,
 //! inside the `update`, evaluated only for the row it grants), on a pool
 //! connection that the lease keeps until its release, whose statement
@@ -36,17 +38,18 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::mysql::{MySql, MySqlArguments, MySqlPool};
-use sqlx::query::Query;
+use sqlx::mysql::{MySql, MySqlArguments, MySqlConnection, MySqlPool};
+use sqlx::query::QueryScalar;
 use tokio::time::Instant;
 
 use super::{
-    fetch_holder, with_reconnect, Acquired, Attempt, Database, Dialect, Granted, Held, LeaseTable,
-    LeaseTableOptions, Request, ISSUER_MYSQL, KNOWN_ROWS,
+    with_reconnect, Acquired, Attempt, Database, Dialect, Granted, Held, LeaseTable,
+    LeaseTableOptions, Looked, Request, ISSUER_MYSQL, KNOWN_ROWS,
 };
-use crate::{wait_for_grant, Holder, LockError, Try};
+use crate::{wait_for_grant, LockError, Try};
 
 mod bell;
+mod install;
 mod statements;
 
 use bell::{on_conn, Bell, BellWaiter, MyWait};
@@ -54,78 +57,38 @@ pub use statements::Statements;
 
 impl LeaseTable {
     /// [`LeaseTable::mysql`] with options (table name, creation, pool size).
+    ///
+    /// The library sends calls of the table's stored functions (see
+    /// [`Statements`]). When they are missing or from another version and
+    /// creation is on, it installs them (as [`install_mysql`] does,
+    /// granting nothing); a user that may not (a lock client, with EXECUTE
+    /// alone) gets `InvalidConfig` saying what their definer must run.
+    ///
+    /// [`install_mysql`]: crate::lease_table::install_mysql
     pub async fn mysql_with(
         url: &str,
         options: LeaseTableOptions,
     ) -> Result<LeaseTable, LockError> {
-        let pool: MySqlPool = options.pool(ISSUER_MYSQL, url).await?;
-        let table = &options.table;
-        let count = |sql: &'static str, name: String| {
-            let pool = &pool;
-            async move {
-                sqlx::query_scalar::<_, i64>(sql)
-                    .bind(name)
-                    .fetch_one(pool)
-                    .await
-                    .map_err(|e| LockError::unavailable(ISSUER_MYSQL, e))
-            }
-        };
-        let has_column = || count(statements::HAS_QUEUED_UNTIL, table.clone());
-        let has_trigger = || count(statements::HAS_TRIGGER, format!("{table}_queued"));
-        if options.create_table {
-            // MySQL serialises concurrent DDL on the table's metadata lock.
-            let ddl = Statements::ddl_statements(table);
-            let (trigger, tables) = ddl.split_last().expect("tables and trigger");
-            for ddl in tables {
-                sqlx::query(ddl).execute(&pool).await.map_err(|e| {
-                    LockError::unavailable(ISSUER_MYSQL, format!("create lease table: {e}"))
-                })?;
-            }
-            // A table made by an earlier version has no `queued_until`.
-            if has_column().await? == 0 {
-                let added = sqlx::query(&Statements::add_queued_until(table))
-                    .execute(&pool)
-                    .await;
-                // Another client may have added it meanwhile.
-                if let Err(e) = added {
-                    if has_column().await? == 0 {
-                        return Err(LockError::unavailable(
-                            ISSUER_MYSQL,
-                            format!("add queued_until to the lease table: {e}"),
-                        ));
-                    }
-                }
-            }
-            // Without the trigger the lock works, only its uncontended fair
-            // grant is heavier (a server with binary logging refuses
-            // triggers to users without SUPER unless
-            // `log_bin_trust_function_creators` is on). Looked up first:
-            // `create trigger if not exists` takes the tables' exclusive
-            // metadata lock even when the trigger exists, so it would wait
-            // for every waiter blocked on a bell, and every statement on
-            // the tables would queue behind it (measured: a new service
-            // stalled the lock for a lease's whole TTL).
-            let created = if has_trigger().await? == 0 {
-                sqlx::query(trigger).execute(&pool).await.map(|_| ())
-            } else {
-                Ok(())
-            };
-            if let Err(e) = created {
-                tracing::warn!(
-                    issuer = ISSUER_MYSQL,
-                    "could not create the trigger {table}_queued, so every fair grant \
-                     looks at the queue (slower, as safe): {e}"
-                );
-            }
-        }
-        let light = has_column().await? == 1 && has_trigger().await? == 1;
-        Ok(LeaseTable::new(Database::MySql(Arc::new(MyDialect {
+        let (pool, light) = super::install::ready::<MySqlConnection>(&options, url).await?;
+        Ok(Self::on_mysql(pool, &options, light))
+    }
+
+    /// A holder lookup on the lease table at `url` for a login that may
+    /// only read it ([`LeaseTableOptions::read_only`]).
+    pub async fn mysql_reader(url: &str) -> Result<LeaseTable, LockError> {
+        let options = LeaseTableOptions::default().read_only(true);
+        Self::mysql_with(url, options).await
+    }
+
+    fn on_mysql(pool: MySqlPool, options: &LeaseTableOptions, light: bool) -> LeaseTable {
+        LeaseTable::new(Database::MySql(Arc::new(MyDialect {
             pool,
-            sql: Arc::new(Statements::for_table(table)),
+            sql: Arc::new(Statements::for_table(&options.table)),
             light,
+            reader: options.read_only,
             known_rows: Mutex::default(),
             handed_round: Mutex::default(),
-        }))))
+        })))
     }
 }
 
@@ -133,9 +96,11 @@ impl LeaseTable {
 pub(super) struct MyDialect {
     pool: MySqlPool,
     sql: Arc<Statements>,
-    /// The table has `queued_until` and the queue its trigger, so a quiet
-    /// lock's fair first try can be [`Statements::acquire_fair_light`].
+    /// The queue has its trigger, so a quiet lock's fair first try can be
+    /// [`Statements::acquire_fair_light`].
     light: bool,
+    /// Looks holders up with the lease table's own `select`.
+    reader: bool,
     /// Lock names whose row is known to exist, so that a refused grant need
     /// not try to create it (at most [`KNOWN_ROWS`]; forgotten when a wait
     /// finds no row).
@@ -283,8 +248,50 @@ impl Dialect for MyDialect {
         .await
     }
 
-    async fn holder(&self, table: &LeaseTable, name: &str) -> Attempt<Option<Holder>> {
-        fetch_holder::<_, u64>(table, &self.pool, &self.sql.holder, name).await
+    /// The holder function's text (or the same `select`'s, for a reader):
+    /// `held token client_id`.
+    async fn lookup(&self, table: &LeaseTable, name: &str) -> Attempt<Option<Looked>> {
+        let sql = if self.reader {
+            &self.sql.read_holder
+        } else {
+            &self.sql.holder
+        };
+        let row: Option<Option<String>> = match sqlx::query_scalar(sql)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+        {
+            Ok(row) => row,
+            // A reader creates nothing: before the install (or the first
+            // lock client) made the table, nothing was granted from it.
+            Err(sqlx::Error::Database(d))
+                if self.reader
+                    && d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|m| m.number() == 1146) =>
+            {
+                tracing::warn!(issuer = ISSUER_MYSQL, "holder lookup: {d}: nothing granted");
+                None
+            }
+            Err(e) => return Err(table.err(e)),
+        };
+        let Some(row) = row.flatten() else {
+            return Ok(None);
+        };
+        let mut fields = row.splitn(3, ' ');
+        let held = fields.next() == Some("1");
+        let token = fields.next().and_then(|t| t.parse::<u64>().ok());
+        match (token, fields.next()) {
+            // The column is unsigned: a token past i64 is capped.
+            (Some(token), Some(client_id)) => Ok(Some(Looked {
+                client_id: client_id.to_string(),
+                token: token.min(i64::MAX as u64) as i64,
+                held,
+            })),
+            _ => Err((
+                LockError::protocol(ISSUER_MYSQL, format!("holder lookup answered {row:?}")),
+                false,
+            )),
+        }
     }
 }
 
@@ -297,12 +304,11 @@ struct Acquire<'a> {
 }
 
 impl Acquire<'_> {
-    /// A grant statement with the six parameters every one of them starts
-    /// with.
-    fn grant<'q>(&'q self, sql: &'q str) -> Query<'q, MySql, MySqlArguments> {
+    /// A grant function's call, with its parameters bound; it answers the
+    /// token, or null when refused.
+    fn grant<'q>(&'q self, sql: &'q str) -> QueryScalar<'q, MySql, Option<u64>, MySqlArguments> {
         let request = self.request;
-        sqlx::query(sql)
-            .bind(&**request.id)
+        sqlx::query_scalar(sql)
             .bind(&**request.id)
             .bind(request.table.settings.client_id())
             .bind(micros(request.opts.ttl))
@@ -344,18 +350,18 @@ impl Acquire<'_> {
         // hand-over). Safety never depends on it either: the grant is one
         // statement on the lease row.
         let plain = std::mem::take(&mut st.first_in_line);
-        let granted: Option<i64> = if join_first {
+        let granted: Option<u64> = if join_first {
             None
         } else {
             on_conn!(table, &mut st, &my.pool, |conn| async {
                 if light {
                     table.sent(1);
-                    let updated = self
+                    let granted = self
                         .grant(&my.sql.acquire_fair_light)
-                        .execute(&mut *conn)
+                        .fetch_one(&mut *conn)
                         .await?;
-                    if updated.rows_affected() == 1 {
-                        return Ok(Some(updated.last_insert_id() as i64));
+                    if let Some(token) = granted {
+                        return Ok(Some(token));
                     }
                 }
                 table.sent(1);
@@ -365,26 +371,21 @@ impl Acquire<'_> {
                     (true, true) => &my.sql.acquire_fair_first,
                     (true, false) => &my.sql.acquire_fair,
                 };
-                let mut q = self.grant(q);
-                if fair && !first && !plain {
-                    q = q.bind(name).bind(holder).bind(holder);
-                }
-                let updated = q.execute(&mut *conn).await?;
-                if updated.rows_affected() == 1 {
-                    return Ok(Some(updated.last_insert_id() as i64));
+                if let Some(token) = self.grant(q).fetch_one(&mut *conn).await? {
+                    return Ok(Some(token));
                 }
                 if known {
                     return Ok(None);
                 }
                 table.sent(1);
-                let created = sqlx::query(&my.sql.create)
+                let created: i32 = sqlx::query_scalar(&my.sql.create)
                     .bind(name)
                     .bind(holder)
                     .bind(table.settings.client_id())
                     .bind(micros(request.opts.ttl))
-                    .execute(&mut *conn)
+                    .fetch_one(&mut *conn)
                     .await?;
-                if created.rows_affected() != 1 {
+                if created != 1 {
                     return Ok(None);
                 }
                 // The first grant of this name: take its bell now (the insert
@@ -411,7 +412,6 @@ impl Acquire<'_> {
                         table.sent(1);
                         sqlx::query(&my.sql.join)
                             .bind(name)
-                            .bind(holder)
                             .bind(holder)
                             .bind(micros(table.settings.place()))
                             .execute(&mut *conn)
@@ -458,9 +458,10 @@ struct MyHeld {
 }
 
 impl MyHeld {
-    /// The release statement, with our row's name, holder and token bound.
-    fn release_of<'q>(&'q self, g: &'q Granted) -> Query<'q, MySql, MySqlArguments> {
-        sqlx::query(&self.sql.release)
+    /// The release function's call, with our row's name, holder and token
+    /// bound; it answers 1 when released.
+    fn release_of<'q>(&'q self, g: &'q Granted) -> QueryScalar<'q, MySql, i32, MySqlArguments> {
+        sqlx::query_scalar(&self.sql.release)
             .bind(&g.name)
             .bind(&g.holder)
             .bind(g.token.get())
@@ -469,10 +470,8 @@ impl MyHeld {
     /// Release through the pool (the bell's connection is gone).
     async fn release_through_pool(&self, g: &Granted) -> Attempt<bool> {
         g.table.sent(1);
-        let released = self.release_of(g).execute(&self.pool).await;
-        released
-            .map(|r| r.rows_affected() == 1)
-            .map_err(|e| g.table.err(e))
+        let released = self.release_of(g).fetch_one(&self.pool).await;
+        released.map(|n| n == 1).map_err(|e| g.table.err(e))
     }
 
     /// Release on the connection that holds the bell, which rings it.
@@ -481,9 +480,9 @@ impl MyHeld {
         let mut bell = self.bell.lock().await;
         let mut conn = bell.take()?;
         g.table.sent(1);
-        let released = self.release_of(g).execute(&mut *conn).await;
+        let released = self.release_of(g).fetch_one(&mut *conn).await;
         match released {
-            Ok(r) if r.rows_affected() == 1 => Some(Ok(true)),
+            Ok(1) => Some(Ok(true)),
             Ok(_) => {
                 // Not ours any more, and the bells may still be: let them
                 // go before the connection goes back to the pool.
@@ -510,16 +509,14 @@ impl MyHeld {
 impl Held for MyHeld {
     async fn renew(&self, g: &Granted, ttl: Duration) -> Attempt<bool> {
         g.table.sent(1);
-        let renewed = sqlx::query(&self.sql.renew)
+        let renewed: Result<i32, _> = sqlx::query_scalar(&self.sql.renew)
             .bind(micros(ttl))
             .bind(&g.name)
             .bind(&g.holder)
             .bind(g.token.get())
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await;
-        renewed
-            .map(|r| r.rows_affected() == 1)
-            .map_err(|e| g.table.err(e))
+        renewed.map(|n| n == 1).map_err(|e| g.table.err(e))
     }
 
     /// Rings the bells, which wakes the next waiter.

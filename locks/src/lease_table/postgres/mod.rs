@@ -1,14 +1,13 @@
-//! The lease table on PostgreSQL: its [`Statements`], and how its waiters
-//! are notified and handed the lock.
+//! The lease table on PostgreSQL: its [`Statements`] and functions, how
+//! they are installed ([`install_postgres`](super::install_postgres)), and
+//! how its waiters are notified and handed the lock.
 //!
 //! # Waiting: notified by the release
-//! The release statement itself calls `pg_notify` (channel: the table's
-//! name; payload: the first live waiter's id, or `*`, and the lock's name).
-//! In the statement rather than in a trigger: no function or trigger to
-//! create beside the table (the host application's migrations own its
-//! schema, and a trigger would also fire on grants and renewals unless
-//! filtered), and only a release that matched our holder notifies. `NOTIFY`
-//! is transactional either way: it is delivered when the release commits.
+//! The release function calls `pg_notify` with what its statement answered
+//! (channel: the table's name; payload: the first live waiter's id, or `*`,
+//! and the lock's name), and only when it matched our holder: not a
+//! trigger, which would also fire on grants and renewals unless filtered.
+//! `NOTIFY` is transactional: it is delivered when the release commits.
 //! One `LISTEN`ing connection per [`LeaseTable`] (taken from its pool at the
 //! first contended acquire, closed 0.2–0.3 s after its last waiter left)
 //! routes the notifications to this process's waiters; a refused waiter
@@ -25,8 +24,8 @@
 //! A fair holder that waited (so, on a contended lock, every holder but
 //! the first) does not just release: its release statement grants the lock
 //! to the first live place in the queue, in the same statement, with the
-//! token plus one, the waiter's holder id, client id and TTL (kept in its
-//! place, `client_id` and `ttl_secs`), and deletes that place. The
+//! token plus one, the waiter's holder id, client id, login and TTL (kept
+//! in its place), and deletes that place. The
 //! notification says so (`<waiter>=<token> <name>`), and that waiter's
 //! acquire returns on it, with no statement of its own. Otherwise a
 //! hand-over is two round trips one after the other: the release, then
@@ -48,17 +47,18 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::postgres::{PgArguments, PgPool, Postgres};
-use sqlx::query::Query;
+use sqlx::postgres::{PgArguments, PgConnection, PgPool, Postgres};
+use sqlx::query::QueryScalar;
 use tokio::time::Instant;
 
 use super::{
-    fetch_holder, with_reconnect, Acquired, Attempt, Database, Dialect, Granted, Held, LeaseTable,
-    LeaseTableOptions, Request, ISSUER_POSTGRES,
+    with_reconnect, Acquired, Attempt, Database, Dialect, Granted, Held, LeaseTable,
+    LeaseTableOptions, Looked, Request, ISSUER_POSTGRES,
 };
 use crate::wake::SubscribedWaiter;
-use crate::{wait_for_grant, Holder, Lease, LockError, Try};
+use crate::{wait_for_grant, Lease, LockError, Try};
 
+mod install;
 mod listen;
 mod statements;
 
@@ -67,90 +67,37 @@ pub use statements::Statements;
 
 impl LeaseTable {
     /// [`LeaseTable::postgres`] with options (table name, creation, pool size).
+    ///
+    /// The library sends calls of the table's functions (see [`Statements`]).
+    /// When they are missing or from another version and creation is on,
+    /// it installs them (as [`install_postgres`] does, granting nothing); a
+    /// login that may not (a lock client, with EXECUTE alone) gets
+    /// `InvalidConfig` saying what its owner must run.
+    ///
+    /// [`install_postgres`]: crate::lease_table::install_postgres
     pub async fn postgres_with(
         url: &str,
         options: LeaseTableOptions,
     ) -> Result<LeaseTable, LockError> {
-        let pool: PgPool = options.pool(ISSUER_POSTGRES, url).await?;
-        let table = &options.table;
-        if options.create_table {
-            // Concurrent `create table if not exists` can still collide in
-            // PostgreSQL's catalog (a unique violation on pg_type): serialise
-            // the creators on an advisory lock, in one transaction.
-            let create = async {
-                let mut tx = pool.begin().await?;
-                sqlx::query(statements::SERIALISE_CREATION)
-                    .bind(format!("fencelock create {table}"))
-                    .execute(&mut *tx)
-                    .await?;
-                for ddl in Statements::ddl_statements(table) {
-                    sqlx::query(&ddl).execute(&mut *tx).await?;
-                }
-                // Tables made by an earlier version lack columns. Looked up
-                // first: `alter table` takes the table's exclusive lock even
-                // when the column exists.
-                for alter in missing_columns(&mut *tx, table).await? {
-                    sqlx::query(&alter).execute(&mut *tx).await?;
-                }
-                tx.commit().await
-            };
-            create.await.map_err(|e| {
-                LockError::unavailable(ISSUER_POSTGRES, format!("create lease table: {e}"))
-            })?;
-        }
-        let missing = missing_columns(&pool, table)
-            .await
-            .map_err(|e| LockError::unavailable(ISSUER_POSTGRES, e))?;
-        if !missing.is_empty() {
-            return Err(LockError::InvalidConfig(format!(
-                "the lease table {table} or its queue lacks columns that the fair lock keeps \
-                 (tables made by an earlier version): run `{}`, or let the library do it \
-                 (LeaseTableOptions::create_table)",
-                missing.join("; "),
-            )));
-        }
-        Ok(LeaseTable::new(Database::Postgres(Arc::new(PgDialect {
-            pool,
-            sql: Arc::new(Statements::for_table(table)),
-            listen: Arc::new(Listen::new(table)),
-        }))))
+        let (pool, _) = super::install::ready::<PgConnection>(&options, url).await?;
+        Ok(Self::on_postgres(pool, &options))
     }
-}
 
-/// A column of the lease table or its queue.
-#[derive(sqlx::FromRow)]
-struct Column {
-    table_name: String,
-    column_name: String,
-}
+    /// A holder lookup on the lease table at `url` for a login that may
+    /// only read it ([`LeaseTableOptions::read_only`]).
+    pub async fn postgres_reader(url: &str) -> Result<LeaseTable, LockError> {
+        let options = LeaseTableOptions::default().read_only(true);
+        Self::postgres_with(url, options).await
+    }
 
-/// The columns that tables made by an earlier version lack (the lease
-/// table's `queued_until`; the queue's `client_id` and `ttl_secs`, which the
-/// hand-over reads), as `alter table` statements. Empty when the tables are
-/// current. The table name is folded to lower case, as an unquoted name is.
-async fn missing_columns<'e>(
-    db: impl sqlx::PgExecutor<'e>,
-    table: &str,
-) -> Result<Vec<String>, sqlx::Error> {
-    let wanted = [
-        ("{table}", "queued_until", "timestamptz"),
-        ("{table}_waiters", "client_id", "text"),
-        ("{table}_waiters", "ttl_secs", "float8"),
-    ];
-    let present: Vec<Column> = sqlx::query_as(statements::COLUMNS)
-        .bind(table)
-        .fetch_all(db)
-        .await?;
-    Ok(wanted
-        .iter()
-        .filter(|(target, column, _)| {
-            let target = target.replace("{table}", table).to_lowercase();
-            !present
-                .iter()
-                .any(|p| p.table_name == target && p.column_name == *column)
-        })
-        .map(|(target, column, ty)| Statements::add_column(table, target, column, ty))
-        .collect())
+    fn on_postgres(pool: PgPool, options: &LeaseTableOptions) -> LeaseTable {
+        LeaseTable::new(Database::Postgres(Arc::new(PgDialect {
+            pool,
+            sql: Arc::new(Statements::for_table(&options.table)),
+            listen: Arc::new(Listen::new(&options.table)),
+            reader: options.read_only,
+        })))
+    }
 }
 
 /// The PostgreSQL side of a [`LeaseTable`], shared by its clones.
@@ -158,6 +105,8 @@ pub(super) struct PgDialect {
     pool: PgPool,
     sql: Arc<Statements>,
     listen: Arc<Listen>,
+    /// Looks holders up with the lease table's own `select`.
+    reader: bool,
 }
 
 impl Dialect for PgDialect {
@@ -225,13 +174,13 @@ impl Dialect for PgDialect {
     async fn leave(&self, table: &LeaseTable, name: &str, waiter: &str) -> Result<(), LockError> {
         with_reconnect(|| async {
             table.sent(1);
-            let left: Left = sqlx::query_as(&self.sql.leave)
+            let left: bool = sqlx::query_scalar(&self.sql.leave)
                 .bind(name)
                 .bind(waiter)
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| table.err(e))?;
-            if left.left_queue > 0 {
+            if left {
                 return Ok(());
             }
             // The place was gone: a release may have handed this waiter the
@@ -249,15 +198,37 @@ impl Dialect for PgDialect {
         .await
     }
 
-    async fn holder(&self, table: &LeaseTable, name: &str) -> Attempt<Option<Holder>> {
-        fetch_holder::<_, i64>(table, &self.pool, &self.sql.holder, name).await
+    async fn lookup(&self, table: &LeaseTable, name: &str) -> Attempt<Option<Looked>> {
+        let sql = if self.reader {
+            &self.sql.read_holder
+        } else {
+            &self.sql.holder
+        };
+        let row: Option<(String, i64, bool)> = match sqlx::query_as(sql)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+        {
+            Ok(row) => row,
+            // A reader creates nothing: before the install (or the first
+            // lock client) made the table, nothing was granted from it.
+            Err(sqlx::Error::Database(d))
+                if self.reader && d.code().as_deref() == Some("42P01") =>
+            {
+                tracing::warn!(
+                    issuer = ISSUER_POSTGRES,
+                    "holder lookup: {d}: nothing granted"
+                );
+                None
+            }
+            Err(e) => return Err(table.err(e)),
+        };
+        Ok(row.map(|(client_id, token, held)| Looked {
+            client_id,
+            token,
+            held,
+        }))
     }
-}
-
-/// [`Statements::leave`]'s answer: whether the waiter found its place.
-#[derive(sqlx::FromRow)]
-struct Left {
-    left_queue: i64,
 }
 
 /// A try's answer ([`Statements::acquire`], [`Statements::acquire_fair_first`],
@@ -327,7 +298,7 @@ impl Acquire<'_> {
                     .bind(opts.ttl.as_secs_f64())
                     .bind(table.lock_delay.as_secs_f64())
                     .bind(table.settings.client_id())
-                    .fetch_optional(&self.pg.pool)
+                    .fetch_one(&self.pg.pool)
                     .await
                     .map_err(|e| table.err(e))
             })
@@ -410,6 +381,9 @@ impl Acquire<'_> {
     }
 }
 
+/// A call of a function that answers whether our lease matched.
+type Matched<'q> = QueryScalar<'q, Postgres, bool, PgArguments>;
+
 /// What a PostgreSQL lease renews and releases with.
 struct PgHeld {
     pool: PgPool,
@@ -420,9 +394,10 @@ struct PgHeld {
 }
 
 impl PgHeld {
-    /// `sql` with our row's name, holder and token bound.
-    fn ours<'q>(&self, sql: &'q str, g: &'q Granted) -> Query<'q, Postgres, PgArguments> {
-        sqlx::query(sql)
+    /// `sql` (a function answering whether our row matched) with our row's
+    /// name, holder and token bound.
+    fn ours<'q>(&self, sql: &'q str, g: &'q Granted) -> Matched<'q> {
+        sqlx::query_scalar(sql)
             .bind(&g.name)
             .bind(&g.holder)
             .bind(g.token.to_i64())
@@ -439,10 +414,8 @@ impl PgHeld {
         } else {
             &self.sql.release_light
         };
-        let released = self.ours(q, g).fetch_optional(&self.pool).await;
-        released
-            .map(|row| row.is_some())
-            .map_err(|e| g.table.err(e))
+        let released = self.ours(q, g).fetch_one(&self.pool).await;
+        released.map_err(|e| g.table.err(e))
     }
 }
 
@@ -450,10 +423,8 @@ impl Held for PgHeld {
     async fn renew(&self, g: &Granted, ttl: Duration) -> Attempt<bool> {
         g.table.sent(1);
         let renewed = self.ours(&self.sql.renew, g).bind(ttl.as_secs_f64());
-        let renewed = renewed.execute(&self.pool).await;
-        renewed
-            .map(|r| r.rows_affected() == 1)
-            .map_err(|e| g.table.err(e))
+        let renewed = renewed.fetch_one(&self.pool).await;
+        renewed.map_err(|e| g.table.err(e))
     }
 
     /// Wakes the next waiter, or hands it the lock (`pg_notify` in the

@@ -6,17 +6,18 @@
 use std::time::Duration;
 
 use fencelock::lease_table::LeaseTable;
-use fencelock::{Lease, LockError, LockService, WaitStats};
+use fencelock::{HolderLookup, Lease, LockError, LockService, LockState, Token, WaitStats};
 use tokio::time::Instant;
 
 use crate::support::fair::{self, Queue};
 use crate::support::{
-    assert_timeout, assert_unavailable, granted, held, spawn_acquire, take_and_release,
+    assert_timeout, assert_unavailable, granted, held, holder_of, spawn_acquire, take_and_release,
 };
 
 mod mysql;
 mod pg;
 mod pg_listen;
+mod rights;
 
 /// The same claims for both databases, as tests of the module that invokes
 /// it: `$at` gives a service on a fresh database and its [`Db`].
@@ -185,6 +186,16 @@ macro_rules! lease_table_claims {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_release_wakes_only_the_next_fair_waiter() {
             a_release_wakes_only_the_next_waiter($at.await).await;
+        }
+
+        #[tokio::test]
+        async fn lock_names_differing_in_case_are_two_locks() {
+            names_are_compared_byte_for_byte(&$at.await.0).await;
+        }
+
+        #[tokio::test]
+        async fn the_lookup_says_the_highest_token_minted() {
+            the_highest_token_minted(&$at.await.0).await;
         }
     };
 }
@@ -539,6 +550,59 @@ async fn tokens_keep_increasing_across(
     crash.await;
     let wait = Duration::from_secs(10);
     crate::support::contract::the_next_token_is_higher(&svc, "page", before, wait).await;
+}
+
+/// `page:demo` and `page:DEMO` (and a name with a trailing space) are
+/// locks of their own, each with its own tokens.
+async fn names_are_compared_byte_for_byte(svc: &LeaseTable) {
+    let ttl = Duration::from_secs(30);
+    let demo = held(svc, "page:demo", ttl).await;
+    let upper = held(svc, "page:DEMO", ttl).await;
+    let spaced = held(svc, "page:demo ", ttl).await;
+    for lease in [&demo, &upper, &spaced] {
+        assert_eq!(lease.token().unwrap().get(), 1, "{}", lease.name());
+    }
+    for lease in [demo, upper, spaced] {
+        lease.release().await.unwrap();
+    }
+}
+
+/// The holder lookup's state: no row, nothing minted (0); while held,
+/// the holder and its token; released, no holder and the same token.
+async fn the_highest_token_minted(svc: &LeaseTable) {
+    let ttl = Duration::from_secs(30);
+    let never = svc.state("page").await.unwrap();
+    assert_eq!(
+        never,
+        LockState {
+            holder: None,
+            minted: Some(Token::MIN)
+        }
+    );
+    take_and_release(svc, "page", ttl).await;
+    let lease = held(svc, "page", ttl).await;
+    let token = lease.token().unwrap();
+    assert_eq!(token.get(), 2);
+    let state = svc.state("page").await.unwrap();
+    assert_eq!(state.holder, holder_of(&lease));
+    assert_eq!(state.minted, Some(token));
+    lease.release().await.unwrap();
+    assert_eq!(svc.minted("page").await.unwrap(), Some(token));
+    assert_eq!(svc.current_holder("page").await.unwrap(), None);
+}
+
+/// The constructors and installs can run in a spawned task (the gateway
+/// connects its issuers so): their futures are `Send`.
+#[test]
+fn the_constructors_and_installs_are_send() {
+    fn send<T: Send>(_: T) {}
+    let install = fencelock::lease_table::Install::new();
+    send(LeaseTable::postgres(""));
+    send(LeaseTable::mysql(""));
+    send(LeaseTable::postgres_reader(""));
+    send(LeaseTable::mysql_reader(""));
+    send(fencelock::lease_table::install_postgres("", &install));
+    send(fencelock::lease_table::install_mysql("", &install));
 }
 
 #[tokio::test]

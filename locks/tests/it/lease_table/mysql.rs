@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use super::{
     a_dead_fair_waiter_is_skipped, a_release_wakes_only_the_next_waiter, lease_table_claims,
-    mysql_at, statements_of_hand_overs, tokens_keep_increasing_across,
-    waiter_is_woken_by_the_release, Db,
+    mysql_at, names_are_compared_byte_for_byte, statements_of_hand_overs, the_highest_token_minted,
+    tokens_keep_increasing_across, waiter_is_woken_by_the_release, Db,
 };
 use crate::support::fair::{self, Queue};
 use crate::support::{
@@ -242,7 +242,6 @@ async fn mysql_the_light_fair_grant_passes_no_live_place() {
     let sql = Statements::for_table("fencelock_leases");
     sqlx::query(&sql.join)
         .bind("page")
-        .bind("0123456789abcdef0123456789abcdef")
         .bind("0123456789abcdef0123456789abcdef")
         .bind(60_000_000_i64)
         .execute(&mut *elsewhere)

@@ -14,7 +14,8 @@ use tokio::time::Instant;
 
 use super::{
     a_dead_fair_waiter_is_skipped, a_release_wakes_only_the_next_waiter, lease_table_claims,
-    postgres_at, statements_of_hand_overs, tokens_keep_increasing_across, wait_tries,
+    names_are_compared_byte_for_byte, postgres_at, statements_of_hand_overs,
+    the_highest_token_minted, tokens_keep_increasing_across, wait_tries,
     waiter_is_woken_by_the_release, Db,
 };
 use crate::support::fair::{self, Queue};
@@ -53,16 +54,15 @@ async fn fair_first_try(
 }
 
 /// The release of lock `page` by `holder` with token `token`, with the
-/// library's own statement: whether it answered a row (released).
+/// library's own statement: whether it released.
 async fn release(pool: &PgPool, holder: &str, token: i64) -> bool {
-    sqlx::query(&statements().release)
+    sqlx::query_scalar(&statements().release)
         .bind("page")
         .bind(holder)
         .bind(token)
-        .fetch_optional(pool)
+        .fetch_one(pool)
         .await
         .unwrap()
-        .is_some()
 }
 
 /// The next notification `listener` hears, within 10 s.
@@ -373,21 +373,24 @@ async fn postgres_the_light_fair_grant_passes_no_live_place() {
     db.light_grant_after_the_queue_emptied().await;
 }
 
-/// Tables made before `queued_until` and the hand-over's columns existed:
-/// the constructor adds the columns, and a service told not to touch the
-/// schema refuses to start, naming the `alter table`s to run.
+/// Tables made before `queued_until`, the hand-over's columns and the
+/// functions existed: the constructor adds the columns and the functions,
+/// and a service told not to touch the schema refuses to start, naming the
+/// `alter table`s to run and the install.
 #[tokio::test]
 async fn postgres_tables_from_before_queued_until_and_the_hand_over_get_the_columns_or_a_clear_refusal(
 ) {
     let url = harness::fresh_database().await;
     let pool = PgPool::connect(&url).await.unwrap();
-    for ddl in Statements::ddl_statements("fencelock_leases") {
-        sqlx::query(&ddl).execute(&pool).await.unwrap();
+    for ddl in &Statements::ddl_statements("fencelock_leases", "public")[..2] {
+        sqlx::query(ddl).execute(&pool).await.unwrap();
     }
     for drop in [
         "alter table fencelock_leases drop column queued_until",
+        "alter table fencelock_leases drop column login",
         "alter table fencelock_leases_waiters drop column client_id",
         "alter table fencelock_leases_waiters drop column ttl_secs",
+        "alter table fencelock_leases_waiters drop column login",
     ] {
         sqlx::query(drop).execute(&pool).await.unwrap();
     }
@@ -396,8 +399,12 @@ async fn postgres_tables_from_before_queued_until_and_the_hand_over_get_the_colu
         Err(LockError::InvalidConfig(msg)) => {
             for alter in [
                 "alter table fencelock_leases add column if not exists queued_until timestamptz",
+                "alter table fencelock_leases add column if not exists login text",
                 "alter table fencelock_leases_waiters add column if not exists client_id text",
                 "alter table fencelock_leases_waiters add column if not exists ttl_secs float8",
+                "alter table fencelock_leases_waiters add column if not exists login text",
+                "functions of lease table fencelock_leases are missing",
+                "install_postgres",
             ] {
                 assert!(msg.contains(alter), "{msg}");
             }

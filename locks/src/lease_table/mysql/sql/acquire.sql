@@ -5,11 +5,12 @@ update {table} l
        -- at once when this connection holds it already, as the first waiter
        -- does after its wait; else waiting at most 5 ms for a non-fair
        -- waiter that holds it for an instant).
-       l.holder = if(get_lock({name_bell}, 0.005) >= 0, ?, ?),
-       l.client_id = ?,
-       l.expires_at = now(6) + interval ? microsecond,
+       l.holder = if(get_lock({name_bell}, 0.005) >= 0, p_holder, p_holder),
+       l.client_id = p_client,
+       l.login = {login},
+       l.expires_at = now(6) + interval p_ttl microsecond,
        l.released = false,
        l.granted_at = now(6)
- where l.name = ?
+ where l.name = p_name
    and ((l.released and l.expires_at <= now(6))
-     or (not l.released and l.expires_at + interval ? microsecond <= now(6)))
+     or (not l.released and l.expires_at + interval p_delay microsecond <= now(6)))

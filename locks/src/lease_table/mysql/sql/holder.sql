@@ -1,2 +1,2 @@
-select client_id, token from {table}
- where name = ? and not released and expires_at > now(6)
+select concat_ws(' ', not released and expires_at > now(6), token, client_id)
+  from {table} where name = {name}

@@ -17,6 +17,7 @@ purged as (
 mine as (
   select l.token from {table} l
    where l.name = $1 and l.holder = $2 and not l.released and l.expires_at > now()
+     and l.login = session_user
 ),
 bumped as (
   update {table} l set queued_until = greatest(l.queued_until, now() + make_interval(secs => $6))

@@ -1,8 +1,9 @@
-insert into {table} as l (name, holder, client_id, token, expires_at, released, granted_at)
+insert into {table} as l (name, holder, client_id, login, token, expires_at, released, granted_at)
 {source}
 on conflict (name) do update
    set holder = excluded.holder,
        client_id = excluded.client_id,
+       login = excluded.login,
        token = l.token + 1,
        expires_at = excluded.expires_at,
        released = false,

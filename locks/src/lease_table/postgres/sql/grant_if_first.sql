@@ -1,2 +1,2 @@
-select $1, $2, $5, 1, now() + make_interval(secs => $3), false, now()
+select $1, $2, $5, session_user, 1, now() + make_interval(secs => $3), false, now()
  where coalesce((select waiter from first), $2) = $2

@@ -1,1 +1,1 @@
-values ($1, $2, $5, 1, now() + make_interval(secs => $3), false, now())
+values ($1, $2, $5, session_user, 1, now() + make_interval(secs => $3), false, now())

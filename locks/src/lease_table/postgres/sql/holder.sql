@@ -1,2 +1,2 @@
-select client_id, token from {table}
- where name = $1 and not released and expires_at > now()
+select client_id, token, not released and expires_at > now() as held
+  from {table} where name = $1

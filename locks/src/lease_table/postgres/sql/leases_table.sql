@@ -6,6 +6,10 @@ create table if not exists {table} (
     holder     text        not null,
     -- Who holds it (the client id), for a storage asking who holds the lock.
     client_id  text        not null,
+    -- The login (session_user) the grant was made to: only it may renew or
+    -- release the lease through the functions (null: a row of a version
+    -- before them).
+    login      text,
     -- The fencing counter: every grant adds one, in the same statement.
     token      bigint      not null,
     -- Judged against the database's own clock (now()), never a client's.

@@ -1,5 +1,7 @@
 with gone as (
-  delete from {table}_waiters where name = $1 and waiter = $2 returning ticket
+  delete from {table}_waiters
+   where name = $1 and waiter = $2 and login = session_user
+  returning ticket
 ),
 notified as (
   select pg_notify('{table}', coalesce(
@@ -11,4 +13,4 @@ notified as (
                       where w.name = $1 and w.ticket < g.ticket and w.expires_at > now())
 )
 select (select count(*) from notified) as notified,
-       (select count(*) from gone) as left_queue
+       (select count(*) from gone) > 0 as left_queue

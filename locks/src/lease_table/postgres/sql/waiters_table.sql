@@ -11,6 +11,8 @@ create table if not exists {table}_waiters (
     -- hand-off, which is woken to try instead).
     client_id  text,
     ttl_secs   float8,
+    -- The waiter's login, which a hand-over grants the lease to.
+    login      text,
     primary key (name, ticket),
     unique (name, waiter)
 )

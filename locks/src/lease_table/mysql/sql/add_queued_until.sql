@@ -1,1 +1,0 @@
-alter table {table} add column queued_until datetime(6) null

@@ -1,0 +1,1 @@
+alter table {target} {change}

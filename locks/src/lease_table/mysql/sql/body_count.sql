@@ -1,0 +1,4 @@
+begin
+{statement};
+  return row_count();
+end

@@ -1,0 +1,1 @@
+substring_index(user(), '@', 1)

@@ -1,0 +1,5 @@
+#variable_conflict use_column
+begin
+  return query
+{statement};
+end

@@ -1,0 +1,8 @@
+begin
+{statement};
+  if found then
+    return true;
+  end if;
+{not_ours}
+  return false;
+end

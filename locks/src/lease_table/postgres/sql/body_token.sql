@@ -1,0 +1,7 @@
+declare
+  minted bigint;
+begin
+{statement}
+  into minted;
+  return minted;
+end

@@ -1,0 +1,3 @@
+begin
+  return '{version}';
+end

@@ -1,0 +1,1 @@
+revoke all on function {functions} from public
