@@ -126,13 +126,25 @@ fn straggler_is_refused_by_the_fence_and_loses_an_update_without_it() {
         .lines()
         .find_map(|l| l.strip_prefix("DATABASE_URL="))
         .expect("worker-1 has a DATABASE_URL");
-    let attack = "update pages set fence_token = 9223372036854775807 where id = 'demo'";
-    let out = stack.script(&["exec", "postgres", "psql", url, "-c", attack]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("permission denied for table pages"),
-        "worker-1's login moved a fence: {stderr}"
-    );
+    for (attack, table) in [
+        (
+            "update pages set fence_token = 9223372036854775807 where id = 'demo'",
+            "pages",
+        ),
+        // The lease table too: only its functions, which mint the tokens.
+        (
+            "update fencelock_leases set token = 9223372036854775807",
+            "fencelock_leases",
+        ),
+    ] {
+        let out = stack.script(&["exec", "postgres", "psql", url, "-c", attack]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && stderr.contains(&format!("permission denied for table {table}")),
+            "worker-1's login was let through: {attack}: {stderr}"
+        );
+    }
     // And a client without the lock clients' ZooKeeper user cannot plant a
     // holder: ZooKeeper itself refuses (zkCli says NoAuth this way).
     let zk = env

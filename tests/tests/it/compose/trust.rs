@@ -144,7 +144,13 @@ fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_tutorial_says(
             (issuer_login, worker_login),
             ("fence_issuer", "fence_worker_1")
         );
-        assert_eq!(issuers["lease-mysql"], worker["MYSQL_URL"]);
+        let (issuer_login, issuer_db) = login_and_rest(issuers["lease-mysql"]);
+        let (worker_login, worker_db) = login_and_rest(&worker["MYSQL_URL"]);
+        assert_eq!(issuer_db, worker_db);
+        assert_eq!(
+            (issuer_login, worker_login),
+            ("fence_issuer", "fence_lock_client")
+        );
     }
 }
 
