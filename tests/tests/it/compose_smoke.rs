@@ -169,6 +169,20 @@ impl Smoke {
             .collect()
     }
 
+    /// The one-shot services (`restart: "no"`, outside any profile: the
+    /// operator's `setup`): they run to the end before what waits for them.
+    fn one_shots(&self) -> Vec<String> {
+        let out = self.compose(&["config"]);
+        let config: Value = serde_yaml::from_slice(&out.stdout).expect("config YAML");
+        config["services"]
+            .as_object()
+            .expect("services")
+            .iter()
+            .filter(|(_, s)| s.get("profiles").is_none() && s["restart"] == "no")
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// The ids of every container of the project.
     fn containers(&self) -> Vec<String> {
         let label = format!("label=com.docker.compose.project={}", self.project);
@@ -190,19 +204,21 @@ impl Smoke {
         self.podman(&args)
     }
 
-    /// `(service, state, health)` of every container of the project.
+    /// `(service, state, health)` of every container of the project; a
+    /// container that exited with status 0 is `completed`.
     fn states(&self) -> Vec<(String, String, String)> {
         self.inspect_all(
-            "{{index .Config.Labels \"com.docker.compose.service\"}} {{.State.Status}} {{.State.Health.Status}}",
+            "{{index .Config.Labels \"com.docker.compose.service\"}} {{.State.Status}} {{.State.ExitCode}} {{.State.Health.Status}}",
         )
         .lines()
             .filter_map(|l| {
                 let mut w = l.split_whitespace();
-                Some((
-                    w.next()?.to_owned(),
-                    w.next()?.to_owned(),
-                    w.next().unwrap_or("").to_owned(),
-                ))
+                let service = w.next()?.to_owned();
+                let state = match (w.next()?, w.next()?) {
+                    ("exited", "0") => "completed".to_owned(),
+                    (state, _) => state.to_owned(),
+                };
+                Some((service, state, w.next().unwrap_or("").to_owned()))
             })
             .collect()
     }
@@ -374,6 +390,7 @@ fn compose_up_runs_the_tutorial_and_the_demo_and_down_leaves_nothing() {
         .spawn()
         .expect("run docker-compose up");
     let up_deadline = Instant::now() + Duration::from_secs(40 * 60);
+    let one_shots = smoke.one_shots();
     let up_status = loop {
         if let Some(status) = up.try_wait().expect("wait for docker-compose up") {
             break Some(status);
@@ -381,7 +398,9 @@ fn compose_up_runs_the_tutorial_and_the_demo_and_down_leaves_nothing() {
         let exited: Vec<String> = smoke
             .states()
             .into_iter()
-            .filter(|(_, state, _)| state == "exited")
+            .filter(|(service, state, _)| {
+                state == "exited" || (state == "completed" && !one_shots.contains(service))
+            })
             .map(|(service, _, _)| service)
             .collect();
         if !exited.is_empty() || Instant::now() > up_deadline {
@@ -403,8 +422,9 @@ fn compose_up_runs_the_tutorial_and_the_demo_and_down_leaves_nothing() {
         let troubled: Vec<String> = smoke
             .states()
             .into_iter()
-            .filter(|(_, state, health)| {
-                state != "running" || (!health.is_empty() && health != "healthy")
+            .filter(|(service, state, health)| {
+                let done = state == "completed" && one_shots.contains(service);
+                !done && (state != "running" || (!health.is_empty() && health != "healthy"))
             })
             .map(|(service, _, _)| service)
             .collect();
@@ -423,9 +443,11 @@ fn compose_up_runs_the_tutorial_and_the_demo_and_down_leaves_nothing() {
         let waiting: Vec<String> = services
             .iter()
             .filter(|s| {
-                !states
-                    .iter()
-                    .any(|(n, state, health)| n == *s && state == "running" && health == "healthy")
+                !states.iter().any(|(n, state, health)| {
+                    n == *s
+                        && ((state == "running" && health == "healthy")
+                            || (state == "completed" && one_shots.contains(n)))
+                })
             })
             .cloned()
             .collect();
@@ -436,7 +458,11 @@ fn compose_up_runs_the_tutorial_and_the_demo_and_down_leaves_nothing() {
         // nothing waits for a recovery at start-up: fail now, as for exited.
         let failed: Vec<&str> = states
             .iter()
-            .filter(|(_, state, health)| state == "exited" || health == "unhealthy")
+            .filter(|(service, state, health)| {
+                state == "exited"
+                    || health == "unhealthy"
+                    || (state == "completed" && !one_shots.contains(service))
+            })
             .map(|(service, _, _)| service.as_str())
             .collect();
         if !failed.is_empty() {

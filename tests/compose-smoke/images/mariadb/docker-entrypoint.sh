@@ -1,7 +1,7 @@
 #!/bin/bash
 # The stand-in mariadb image's entrypoint (see Dockerfile): on an empty data
 # directory, create the system tables, root@'%' with MARIADB_ROOT_PASSWORD,
-# MARIADB_DATABASE and a healthcheck account (its options in
+# MARIADB_DATABASE, the init scripts and a healthcheck account (its options in
 # /var/lib/mysql/.my-healthcheck.cnf, as healthcheck.sh reads them), then run
 # the server as mysql.
 set -eo pipefail
@@ -46,6 +46,17 @@ create user 'healthcheck'@'localhost' identified by '${health_password}';
 grant usage on *.* to 'healthcheck'@'127.0.0.1', 'healthcheck'@'::1', 'healthcheck'@'localhost';
 ${MARIADB_DATABASE:+create database if not exists \`${MARIADB_DATABASE}\`;}
 SQL
+    # As the official image: the init scripts, in the database created above.
+    for f in /docker-entrypoint-initdb.d/*; do
+        case "$f" in
+        *.sql)
+            echo "$0: running $f"
+            mariadb --protocol=socket --socket="$socket" -uroot -p"${MARIADB_ROOT_PASSWORD}" \
+                ${MARIADB_DATABASE:+"$MARIADB_DATABASE"} <"$f"
+            ;;
+        *) if [ -e "$f" ]; then echo "$0: ignoring $f"; fi ;;
+        esac
+    done
     printf '[mariadb-client]\nport=3306\nsocket=%s\nuser=healthcheck\npassword=%s\n' \
         "$socket" "$health_password" >"$datadir/.my-healthcheck.cnf"
     kill "$pid"

@@ -10,6 +10,11 @@ if [ "$1" != postgres ]; then
     exec "$@"
 fi
 
+# As the official image's file_env: the password may come from a file (a secret).
+if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then
+    POSTGRES_PASSWORD="$(<"$POSTGRES_PASSWORD_FILE")"
+    export POSTGRES_PASSWORD
+fi
 export POSTGRES_USER="${POSTGRES_USER:-postgres}"
 export POSTGRES_DB="${POSTGRES_DB:-$POSTGRES_USER}"
 
