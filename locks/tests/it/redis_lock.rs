@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use fencelock::redis::{channel, deadlines_key, fence_key, lock_key, queue_key, RedisLock};
 use fencelock::{AcquireOptions, HolderLookup, LockError, LockService};
+use harness::proxy::{via_proxy, DelayProxy, Mode};
 use harness::{Persistence, Redis};
 
 use crate::support::fair::{self, Queue};
@@ -364,6 +365,51 @@ async fn a_dead_fair_waiter_is_skipped_once_its_place_lapses() {
         "the dead waiter is gone"
     );
     granted.release().await.unwrap();
+}
+
+/// A waiter whose future stops being polled in the middle of opening the
+/// pub/sub connection (a task stuck elsewhere; here the test stops polling
+/// it while the proxy holds the connection's first bytes) must not hold up
+/// the next waiter of the same service: when the subscription ran in the
+/// waiter's own future under the service's lock, the second waiter queued
+/// for that lock after its first refusal and was never granted, past its own
+/// wait.
+#[tokio::test]
+async fn a_waiter_stopped_mid_subscribe_does_not_hold_up_the_next_waiter() {
+    let redis = Redis::start().await;
+    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into())
+        .await
+        .unwrap();
+    let svc = RedisLock::connect(&via_proxy(&redis.url(), redis.port(), proxy.port()))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let lease = held(&service(&redis).await, "page", ttl).await;
+    let mut first = Box::pin(svc.acquire("page", ttl, Duration::from_secs(60)));
+    tokio::select! {
+        r = &mut first => panic!("the first waiter was granted: {r:?}"),
+        () = redis.wait_queued("page", 1) => {}
+    }
+    // Refused and queued: what it sends next opens its subscription.
+    proxy.set_mode(Mode::Hold);
+    let subscribing = async {
+        while proxy.bytes_delayed() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::select! {
+        r = &mut first => panic!("the first waiter ended: {r:?}"),
+        () = subscribing => {}
+        () = tokio::time::sleep(Duration::from_secs(10)) => panic!("the first waiter sent nothing"),
+    }
+    // From here on it is never polled again (until the end of the test).
+    proxy.set_mode(Mode::Pass);
+    let second = spawn_acquire(&svc, "page", ttl, Duration::from_secs(10));
+    redis.wait_queued("page", 2).await;
+    lease.release().await.unwrap();
+    let why = "the second waiter is granted once the stopped one's place lapses";
+    granted(second, why).await.release().await.unwrap();
+    drop(first);
 }
 
 #[tokio::test]
