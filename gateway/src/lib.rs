@@ -83,6 +83,8 @@
 //!   (accepted with fencing off although older than the fence), `stale_token`,
 //!   `issuer_mismatch`, `no_issuer_for_page`, `version_mismatch`,
 //!   `token_not_current` (refused by the issuer; nothing else written),
+//!   `suspected_forgery` (the issuer named the token, which it cannot have
+//!   minted in turn; nothing else written),
 //!   `fence_set` (an admin's change: method `ADMIN`, client `admin:<name>`,
 //!   with its `reason` and `force`). Requests refused before
 //!   reaching a page (400, 401, 403, 413, 415, 428, 409 `unknown_issuer`, 503)
@@ -101,7 +103,9 @@
 //!
 //! Rejections of the authentication and the issuer check: 401 `unauthorized` (with `WWW-Authenticate:
 //! Bearer`), 403 `client_id_mismatch` (and `forbidden` on the admin endpoint),
-//! 409 `unknown_issuer`, 409 `token_not_current`, 503 `issuer_unavailable`
+//! 409 `unknown_issuer`, 409 `token_not_current`, 409 `suspected_forgery` (a
+//! Redis token above the issuer's counter, or more than
+//! `GATEWAY_MAX_TOKEN_JUMP` above the page's fence), 503 `issuer_unavailable`
 //! (an issuer unreachable, erroring or slower than the issuer timeout: fail
 //! closed).
 
