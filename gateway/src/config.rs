@@ -43,7 +43,7 @@ impl FromStr for Secret {
 }
 
 /// A URL that may carry a password: `Debug` and `Display` show it
-/// redacted ([`crate::redact`]).
+/// redacted ([`fencelock::redact_url`]).
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl(String);
 
@@ -55,13 +55,13 @@ impl SecretUrl {
 
 impl fmt::Debug for SecretUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::redact(&self.0))
+        f.write_str(&fencelock::redact_url(&self.0))
     }
 }
 
 impl fmt::Display for SecretUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::redact(&self.0))
+        f.write_str(&fencelock::redact_url(&self.0))
     }
 }
 

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::secrets::{redact, scrub};
+use fencelock::{redact_url, scrub_secrets};
 
 /// Default for `--issuer-timeout`.
 pub const DEFAULT_ISSUER_TIMEOUT: Duration = Duration::from_millis(500);
@@ -84,7 +84,7 @@ impl IssuerSpec {
 
 impl fmt::Debug for IssuerSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={}", self.name, redact(&self.url))
+        write!(f, "{}={}", self.name, redact_url(&self.url))
     }
 }
 
@@ -104,7 +104,7 @@ impl FromStr for IssuerSpec {
         let Some((name, url)) = s.trim().split_once('=') else {
             return Err(format!(
                 "issuer {:?}: expected NAME=URL, e.g. redis=redis://127.0.0.1:6379",
-                redact(s)
+                redact_url(s)
             ));
         };
         let (name, url) = (name.trim(), url.trim());
@@ -318,7 +318,7 @@ impl Issuer {
             match connection {
                 Ok(Connection::Ready(lookup)) => question(lookup)
                     .await
-                    .map_err(|e| Unavailable::Failed(scrub(&e.to_string(), url))),
+                    .map_err(|e| Unavailable::Failed(scrub_secrets(&e.to_string(), url))),
                 Ok(Connection::Broken(e)) => Err(Unavailable::Failed(e)),
                 // The connecting task is gone (the gateway is shutting down).
                 Ok(Connection::Connecting { .. }) | Err(_) => {
@@ -354,7 +354,7 @@ async fn keep_connecting(spec: IssuerSpec, tx: watch::Sender<Connection>) {
         };
         // The library's messages may quote the URL: scrubbed before they
         // are logged or kept.
-        let url = redact(&spec.url);
+        let url = redact_url(&spec.url);
         match result {
             Ok(lookup) => {
                 tracing::info!(issuer = %spec.name, %url, after_failures = failures, "connected to issuer");
@@ -362,13 +362,13 @@ async fn keep_connecting(spec: IssuerSpec, tx: watch::Sender<Connection>) {
                 return;
             }
             Err(LockError::InvalidConfig(e)) => {
-                let e = scrub(&e, &spec.url);
+                let e = scrub_secrets(&e, &spec.url);
                 tracing::error!(issuer = %spec.name, "issuer URL is unusable, requests it fences will be answered 503: {e}");
                 tx.send_replace(Connection::Broken(format!("misconfigured: {e}")));
                 return;
             }
             Err(e) => {
-                let e = scrub(&e.to_string(), &spec.url);
+                let e = scrub_secrets(&e.to_string(), &spec.url);
                 failures += 1;
                 if failures == 1 {
                     tracing::warn!(issuer = %spec.name, %url, error = %e, "issuer not reachable yet; requests it fences are answered 503 until it is (retrying)");
