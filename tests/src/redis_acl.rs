@@ -101,6 +101,12 @@ pub fn password(name: &str) -> String {
     format!("{name}-test-password")
 }
 
+/// The demo's password of user `name` (demo/secrets/redis-*.conf): as
+/// public as the test ones; a real deployment writes its own.
+pub fn demo_password(name: &str) -> String {
+    format!("demo-redis-{name}-not-secret")
+}
+
 /// The `default` user: off, so that a client that does not authenticate
 /// can do nothing (Redis answers `NOAUTH`), and nobody can log in as it.
 /// Its rules are all: Redis 7.0 replays an AOF as `default`, and checks the
@@ -110,8 +116,13 @@ pub fn password(name: &str) -> String {
 pub const DEFAULT_USER_LINE: &str = "user default off resetkeys ~* &* +@all";
 
 /// Config lines: [`DEFAULT_USER_LINE`], then each of `users` on with its
-/// [`password`].
+/// test [`password`].
 pub fn user_lines(users: &[AclUser]) -> String {
+    user_lines_with(users, password)
+}
+
+/// [`user_lines`] with each user's password from `password`.
+pub fn user_lines_with(users: &[AclUser], password: impl Fn(&str) -> String) -> String {
     let mut lines = format!("{DEFAULT_USER_LINE}\n");
     for u in users {
         lines.push_str(&format!(
@@ -124,6 +135,30 @@ pub fn user_lines(users: &[AclUser]) -> String {
     lines
 }
 
+/// A Sentinel group's data node: how it logs in to its master when it is
+/// the replica (both nodes say it: they swap roles at a failover).
+pub fn replica_lines(password: impl Fn(&str) -> String) -> String {
+    format!(
+        "masteruser {}\nmasterauth {}\n",
+        REPLICATION.name,
+        password(REPLICATION.name)
+    )
+}
+
+/// A sentinel watching `master`: how it logs in to the data nodes and to
+/// the other sentinels, then its own users ([`SENTINEL_USERS`]). After the
+/// `sentinel monitor` line.
+pub fn sentinel_lines(master: &str, password: impl Fn(&str) -> String) -> String {
+    let (user, pass) = (SENTINEL.name, password(SENTINEL.name));
+    format!(
+        "sentinel auth-user {master} {user}\n\
+         sentinel auth-pass {master} {pass}\n\
+         sentinel sentinel-user {user}\n\
+         sentinel sentinel-pass {pass}\n{}",
+        user_lines_with(&SENTINEL_USERS, password)
+    )
+}
+
 /// `user:password@` of user `name`, for URLs and sentinel lists.
 pub fn userinfo(name: &str) -> String {
     format!("{name}:{}@", password(name))
@@ -132,4 +167,38 @@ pub fn userinfo(name: &str) -> String {
 /// `redis://name:password@127.0.0.1:PORT/`.
 pub fn url_as(name: &str, port: u16) -> String {
     format!("redis://{}127.0.0.1:{port}/", userinfo(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lines of a demo/secrets/ file, comments and blank lines left out.
+    fn demo_file(name: &str) -> String {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../demo/secrets/");
+        let text = std::fs::read_to_string(format!("{path}{name}"))
+            .unwrap_or_else(|e| panic!("read demo/secrets/{name}: {e}"));
+        text.lines()
+            .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
+    /// The demo's ACL files are the users the lock suites run under, with
+    /// the demo's passwords: they cannot drift apart.
+    #[test]
+    fn the_demo_files_hold_the_users_the_suites_run_under() {
+        assert_eq!(
+            demo_file("redis-users.conf"),
+            user_lines_with(&DATA_NODE_USERS, demo_password)
+        );
+        assert_eq!(
+            demo_file("redis-replica.conf"),
+            replica_lines(demo_password)
+        );
+        assert_eq!(
+            demo_file("redis-sentinel.conf"),
+            sentinel_lines("mymaster", demo_password)
+        );
+    }
 }

@@ -22,7 +22,7 @@ use redis::aio::MultiplexedConnection;
 use tempfile::TempDir;
 
 use crate::process::{find_binary, free_port, temp_dir, wait_until, Recipe, ServiceProcess};
-use crate::redis_acl::{self, DATA_NODE_USERS, REPLICATION, SENTINEL, SENTINEL_USERS};
+use crate::redis_acl::{self, DATA_NODE_USERS};
 use crate::service::{logs, ready_or_panic, Member};
 
 /// The master name the sentinels monitor (the worker's default too).
@@ -71,12 +71,8 @@ impl SentinelGroup {
             }
             if acl {
                 // Either node may be the replica after a failover.
-                conf.push_str(&format!(
-                    "masteruser {}\nmasterauth {}\n{}",
-                    REPLICATION.name,
-                    redis_acl::password(REPLICATION.name),
-                    redis_acl::user_lines(&DATA_NODE_USERS)
-                ));
+                conf.push_str(&redis_acl::replica_lines(redis_acl::password));
+                conf.push_str(&redis_acl::user_lines(&DATA_NODE_USERS));
             }
             let cfg = node_dir.join("redis.conf");
             std::fs::write(&cfg, conf).expect("write redis.conf");
@@ -108,14 +104,7 @@ impl SentinelGroup {
                 DOWN_AFTER.as_millis()
             );
             if acl {
-                let (user, pass) = (SENTINEL.name, redis_acl::password(SENTINEL.name));
-                conf.push_str(&format!(
-                    "sentinel auth-user {MASTER_NAME} {user}\n\
-                     sentinel auth-pass {MASTER_NAME} {pass}\n\
-                     sentinel sentinel-user {user}\n\
-                     sentinel sentinel-pass {pass}\n{}",
-                    redis_acl::user_lines(&SENTINEL_USERS)
-                ));
+                conf.push_str(&redis_acl::sentinel_lines(MASTER_NAME, redis_acl::password));
             }
             std::fs::write(&cfg, conf).expect("write sentinel.conf");
             sentinels.push(Member {
