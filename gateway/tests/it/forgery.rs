@@ -72,6 +72,11 @@ async fn run(conn: &mut MultiplexedConnection, cmd: &mut redis::Cmd) {
     let _: redis::Value = cmd.query_async(conn).await.expect("the command runs");
 }
 
+/// `SET fence:{page:forged} value` as the user of `conn`.
+async fn set_counter(conn: &mut MultiplexedConnection, value: impl redis::ToRedisArgs) {
+    run(conn, redis::cmd("SET").arg(fence_key(LOCK)).arg(value)).await;
+}
+
 /// `client`'s PUT (`Some(body)`) or fenced GET of [`PAGE`] with `token`.
 async fn send(api: &Api, client: &str, token: u64, body: Option<&str>) -> Reply {
     let api = api.as_client(client);
@@ -144,6 +149,19 @@ async fn acquire(locks: &RedisLock) -> Lease {
         .unwrap()
 }
 
+/// `locks`' grant, and its token, after a worker set the lock's counter to
+/// `counter` by hand.
+async fn grant_after(
+    forger: &mut MultiplexedConnection,
+    locks: &RedisLock,
+    counter: u64,
+) -> (Lease, u64) {
+    set_counter(forger, counter).await;
+    let lease = acquire(locks).await;
+    let token = lease.token().unwrap().get();
+    (lease, token)
+}
+
 #[tokio::test]
 async fn a_holder_hash_planted_with_the_largest_token_is_refused_and_honest_writers_go_on() {
     let s = Setup::start(keyed(FenceCheck::Enforce)).await;
@@ -199,11 +217,7 @@ async fn a_counter_planted_near_the_top_cannot_move_the_fence_and_breaks_only_th
 
     let mut forger = s.raw(WORKER.name).await;
     let planted = BIGGEST - 1;
-    run(
-        &mut forger,
-        redis::cmd("SET").arg(fence_key(LOCK)).arg(planted),
-    )
-    .await;
+    set_counter(&mut forger, planted).await;
     // Bob's next grant is honest, and mints 2^63-1: the jump is refused.
     let bob = s.locks("bob").await;
     let lease = acquire(&bob).await;
@@ -231,11 +245,7 @@ async fn a_counter_planted_near_the_top_cannot_move_the_fence_and_breaks_only_th
 
     // An admin repairs the counter (to the page's fence): honest writers
     // are back, the fence moved by nothing but honest grants.
-    run(
-        &mut s.raw(ADMIN.name).await,
-        redis::cmd("SET").arg(fence_key(LOCK)).arg(1),
-    )
-    .await;
+    set_counter(&mut s.raw(ADMIN.name).await, 1).await;
     let lease = acquire(&alice).await;
     assert_eq!(lease.token().unwrap().get(), 2);
     let page = send(&s.api, "alice", 2, Some("after the repair"))
@@ -255,13 +265,8 @@ async fn a_jump_is_accepted_up_to_the_bound_and_beyond_it_once_an_admin_sets_the
     let mut forger = s.raw(WORKER.name).await;
     // The page is not fenced yet: a jump counts from 0.
     for (counter, token, accepted) in [(999, 1000, true), (2000, 2001, false), (1999, 2000, true)] {
-        run(
-            &mut forger,
-            redis::cmd("SET").arg(fence_key(LOCK)).arg(counter),
-        )
-        .await;
-        let lease = acquire(&alice).await;
-        assert_eq!(lease.token().unwrap().get(), token);
+        let (lease, granted) = grant_after(&mut forger, &alice, counter).await;
+        assert_eq!(granted, token);
         let reply = send(&s.api, "alice", token, Some(&format!("{token}"))).await;
         match accepted {
             true => assert!(reply.status.is_success(), "{token}: {}", reply.json),
@@ -272,13 +277,7 @@ async fn a_jump_is_accepted_up_to_the_bound_and_beyond_it_once_an_admin_sets_the
     assert_eq!(s.api.fence(PAGE).await["token"], 2000);
     // An admin accepts a jump of a million: the fence is set just below the
     // token (not above what the issuer minted: no `force` needed).
-    run(
-        &mut forger,
-        redis::cmd("SET").arg(fence_key(LOCK)).arg(1_002_000),
-    )
-    .await;
-    let lease = acquire(&alice).await;
-    let token = lease.token().unwrap().get();
+    let (lease, token) = grant_after(&mut forger, &alice, 1_002_000).await;
     let reply = send(&s.api, "alice", token, Some("big jump")).await;
     assert_eq!(reply.error(), "suspected_forgery");
     let admin = s.api.as_client(crate::common::ADMIN);
@@ -300,13 +299,7 @@ async fn with_no_bound_a_jump_is_accepted() {
     let s = Setup::start(keyed(FenceCheck::Enforce).max_token_jump(0)).await;
     let alice = s.locks("alice").await;
     let mut forger = s.raw(WORKER.name).await;
-    run(
-        &mut forger,
-        redis::cmd("SET").arg(fence_key(LOCK)).arg(1_u64 << 40),
-    )
-    .await;
-    let lease = acquire(&alice).await;
-    let token = lease.token().unwrap().get();
+    let (_lease, token) = grant_after(&mut forger, &alice, 1 << 40).await;
     send(&s.api, "alice", token, Some("far")).await.expect(201);
     // The counter check still holds: a holder hash above the counter.
     run(
