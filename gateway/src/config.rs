@@ -43,7 +43,7 @@ impl FromStr for Secret {
 }
 
 /// A URL that may carry a password: `Debug` and `Display` show it
-/// redacted ([`crate::redact`]).
+/// redacted ([`fencelock::redact_url`]).
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl(String);
 
@@ -55,13 +55,13 @@ impl SecretUrl {
 
 impl fmt::Debug for SecretUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::redact(&self.0))
+        f.write_str(&fencelock::redact_url(&self.0))
     }
 }
 
 impl fmt::Display for SecretUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::redact(&self.0))
+        f.write_str(&fencelock::redact_url(&self.0))
     }
 }
 
@@ -170,10 +170,12 @@ pub struct Config {
     pub admin_keys_file: Option<PathBuf>,
     /// A lock service whose tokens are checked, `NAME=URL` (repeatable; in the
     /// variable, space-separated). NAME is the Fencing-Issuer value; the URL's
-    /// scheme picks the backend: redis://, zookeeper://host:port[,host:port],
-    /// redis-sentinel://host:port[,host:port]/MASTER (the sentinels and the
-    /// master's name), postgres:// or mysql:// (a fencelock lease table).
-    /// Redlock cannot be one.
+    /// scheme picks the backend: redis://[user:password@]host:port,
+    /// zookeeper://host:port[,host:port],
+    /// redis-sentinel://[user:password@]host:port[,host:port]/MASTER (the
+    /// sentinels and the master's name; the user logs in to both),
+    /// postgres:// or mysql:// (a fencelock lease table). Redlock cannot be
+    /// one.
     #[arg(
         long = "issuer",
         env = "GATEWAY_ISSUERS",
@@ -201,6 +203,12 @@ pub struct Config {
     /// pages are refused 409 no_issuer_for_page until an admin fences them).
     #[arg(long, env = "GATEWAY_DEFAULT_ISSUER", value_name = "ISSUER")]
     pub default_issuer: Option<String>,
+    /// How far above a page's fence a token of a redis or redis-sentinel
+    /// issuer may be (its lock's counter counts grants): further is refused
+    /// as 409 suspected_forgery, with a history row (an admin accepts such
+    /// a jump by setting the fence). 0: no bound (a loud warning at start).
+    #[arg(long, env = "GATEWAY_MAX_TOKEN_JUMP", default_value_t = crate::issuers::DEFAULT_MAX_TOKEN_JUMP)]
+    pub max_token_jump: u64,
     /// Most HTTP connections served at once; more wait to be accepted.
     #[arg(long, env = "GATEWAY_MAX_CONNECTIONS", default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
@@ -274,6 +282,7 @@ impl Config {
             issuer_timeout: self.issuer_timeout,
             page_issuers,
             default_issuer,
+            max_token_jump: self.max_token_jump,
         };
         options.validate().map_err(anyhow::Error::msg)?;
         Ok(options)
@@ -437,6 +446,12 @@ impl GatewayOptions {
         self
     }
 
+    /// How far above a page's fence a Redis token may be (0: no bound).
+    pub fn max_token_jump(mut self, jump: u64) -> Self {
+        self.trust.max_token_jump = jump;
+        self
+    }
+
     pub fn pool_size(mut self, n: u32) -> Self {
         self.pool_size = n;
         self
@@ -532,6 +547,8 @@ mod tests {
             "zookeeper=zookeeper://a:2181,b:2181",
             "--issuer-timeout",
             "250ms",
+            "--max-token-jump",
+            "1000",
         ]);
         let t = config.trust_options().unwrap();
         assert_eq!(
@@ -542,6 +559,8 @@ mod tests {
         assert_eq!(t.admins.find("root-key-0123456789"), Some("root"));
         assert_eq!(t.issuers.len(), 2);
         assert_eq!(t.issuer_timeout, Duration::from_millis(250));
+        assert_eq!(t.max_token_jump, 1000);
+        assert_eq!(parse(&["--auth", "off"]).max_token_jump, 1 << 20);
         assert!(!format!("{config:?}").contains("alice-key"));
     }
 

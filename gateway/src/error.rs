@@ -59,6 +59,9 @@ pub enum ErrorCode {
     UnknownIssuer,
     /// 409: the issuer says the lock is not held right now by this client with this token.
     TokenNotCurrent,
+    /// 409: the issuer names this client's token, but it is above what the
+    /// issuer has minted, or too far above the page's fence: written by hand.
+    SuspectedForgery,
     /// 409: the token is older than the page's fence.
     StaleToken,
     /// 409: the page is fenced by another lock service.
@@ -115,7 +118,7 @@ pub enum Detail {
 
 impl ErrorCode {
     /// Every code, in the order of their statuses.
-    pub const ALL: [ErrorCode; 34] = [
+    pub const ALL: [ErrorCode; 35] = [
         Self::InvalidPageId,
         Self::InvalidFencingToken,
         Self::InvalidFencingIssuer,
@@ -136,6 +139,7 @@ impl ErrorCode {
         Self::MethodNotAllowed,
         Self::UnknownIssuer,
         Self::TokenNotCurrent,
+        Self::SuspectedForgery,
         Self::StaleToken,
         Self::IssuerMismatch,
         Self::NoIssuerForPage,
@@ -175,6 +179,7 @@ impl ErrorCode {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::UnknownIssuer => "unknown_issuer",
             Self::TokenNotCurrent => "token_not_current",
+            Self::SuspectedForgery => "suspected_forgery",
             Self::StaleToken => "stale_token",
             Self::IssuerMismatch => "issuer_mismatch",
             Self::NoIssuerForPage => "no_issuer_for_page",
@@ -213,6 +218,7 @@ impl ErrorCode {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::UnknownIssuer
             | Self::TokenNotCurrent
+            | Self::SuspectedForgery
             | Self::StaleToken
             | Self::IssuerMismatch
             | Self::NoIssuerForPage
@@ -238,6 +244,12 @@ impl ErrorCode {
                 ("issuer", Detail::Text),
                 ("offered_token", Detail::Token),
                 ("holder_token", Detail::TokenOrNull),
+            ],
+            Self::SuspectedForgery => &[
+                ("issuer", Detail::Text),
+                ("offered_token", Detail::Token),
+                ("minted_token", Detail::TokenOrNull),
+                ("current_token", Detail::TokenOrNull),
             ],
             Self::IssuerUnavailable => &[("issuer", Detail::Text)],
             Self::StaleToken => &[
@@ -292,6 +304,7 @@ impl ErrorCode {
             Self::MethodNotAllowed => "no such method on this path",
             Self::UnknownIssuer => "Fencing-Issuer (or the admin body's issuer) names no lock service this gateway checks tokens with",
             Self::TokenNotCurrent => "the issuer says the lock page:<id> is not held right now by this client with this token",
+            Self::SuspectedForgery => "the issuer names this client's token, but the token is above the highest the issuer has minted, or further above the page's fence than the gateway accepts (GATEWAY_MAX_TOKEN_JUMP): its lock's keys were written by hand; nothing written, an admin can accept a jump by setting the fence",
             Self::StaleToken => "the token is older than the page's fence: nothing written",
             Self::IssuerMismatch => "the page is guarded by another lock service (its fence's, or the one GATEWAY_PAGE_ISSUERS or GATEWAY_DEFAULT_ISSUER names for it), whose tokens are not comparable with these",
             Self::NoIssuerForPage => "no lock service guards this page: its fence names none, and neither GATEWAY_PAGE_ISSUERS nor GATEWAY_DEFAULT_ISSUER names one for it; recorded, nothing written",
@@ -333,6 +346,19 @@ pub enum ApiError {
         issuer: String,
         offered: Token,
         holder: Option<Token>,
+        message: String,
+    },
+    /// 409 `suspected_forgery`: the issuer names this client's token, but the
+    /// token cannot be one it minted in turn: above the issuer's own counter
+    /// (`minted`), or further above the page's fence (`current`) than the
+    /// gateway accepts. What a lock client that writes its lock service's
+    /// keys by hand (Redis cannot stop it) would send.
+    #[error("{message}")]
+    SuspectedForgery {
+        issuer: String,
+        offered: Token,
+        minted: Option<Token>,
+        current: Option<Token>,
         message: String,
     },
     /// 503 `issuer_unavailable`: the issuer could not be asked (unreachable,
@@ -446,6 +472,7 @@ impl ApiError {
             Self::Forbidden => ErrorCode::Forbidden,
             Self::UnknownIssuer { .. } => ErrorCode::UnknownIssuer,
             Self::TokenNotCurrent { .. } => ErrorCode::TokenNotCurrent,
+            Self::SuspectedForgery { .. } => ErrorCode::SuspectedForgery,
             Self::IssuerUnavailable { .. } => ErrorCode::IssuerUnavailable,
             Self::StaleToken { .. } => ErrorCode::StaleToken,
             Self::IssuerMismatch { .. } => ErrorCode::IssuerMismatch,
@@ -478,6 +505,18 @@ impl ApiError {
                 holder,
                 ..
             } => json!({"issuer": issuer, "offered_token": offered, "holder_token": holder}),
+            Self::SuspectedForgery {
+                issuer,
+                offered,
+                minted,
+                current,
+                ..
+            } => json!({
+                "issuer": issuer,
+                "offered_token": offered,
+                "minted_token": minted,
+                "current_token": current,
+            }),
             Self::IssuerUnavailable { issuer, .. } => json!({"issuer": issuer}),
             Self::StaleToken {
                 offered,
@@ -641,6 +680,13 @@ mod tests {
                 holder: None,
                 message: "not current".into(),
             },
+            ApiError::SuspectedForgery {
+                issuer: "redis".into(),
+                offered: Token::MAX,
+                minted: Some(token),
+                current: None,
+                message: "above the counter".into(),
+            },
             ApiError::IssuerUnavailable {
                 issuer: "redis".into(),
                 detail: "refused".into(),
@@ -699,6 +745,7 @@ mod tests {
                 | ApiError::Forbidden
                 | ApiError::UnknownIssuer { .. }
                 | ApiError::TokenNotCurrent { .. }
+                | ApiError::SuspectedForgery { .. }
                 | ApiError::IssuerUnavailable { .. }
                 | ApiError::StaleToken { .. }
                 | ApiError::IssuerMismatch { .. }

@@ -22,16 +22,21 @@ use fencelock::lease_table::{LeaseTable, LeaseTableOptions};
 use fencelock::redis::RedisLock;
 use fencelock::redis_sentinel::RedisSentinelLock;
 use fencelock::zookeeper::{self, Access, ZooKeeperLock};
-use fencelock::{Backend, Holder, HolderLookup, LockError};
+use fencelock::{Backend, Holder, HolderLookup, LockError, LockState};
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::secrets::{redact, scrub};
+use fencelock::{redact_url, scrub_secrets};
 
 /// Default for `--issuer-timeout`.
 pub const DEFAULT_ISSUER_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Default for `--max-token-jump`: 2^20. A Redis lock's counter counts its
+/// grants; a page whose fence is a million grants behind its lock is not
+/// one that honest writers left behind.
+pub const DEFAULT_MAX_TOKEN_JUMP: u64 = 1 << 20;
 
 /// The ZooKeeper session timeout the gateway asks for (its lookups are reads;
 /// the session only needs to outlive short disconnects).
@@ -56,17 +61,30 @@ pub struct IssuerSpec {
     /// Picked by the URL's scheme: `redis://host:port[/db]`;
     /// `zookeeper://[user:password@]host:port[,host:port...]` (or `zk://`:
     /// with a user, the lookups read as that digest user);
-    /// `redis-sentinel://host:port[,host:port...]/MASTER` (or `sentinel://`:
-    /// the sentinels and the name of the master they watch; the lookup asks
-    /// whichever server they name as master now); `postgres://` (or
+    /// `redis-sentinel://[user:password@]host:port[,host:port...]/MASTER`
+    /// (or `sentinel://`: the sentinels and the name of the master they
+    /// watch; the lookup asks whichever server they name as master now, and
+    /// logs in to the sentinels and the master as that user); `postgres://` (or
     /// `postgresql://`) and `mysql://` (or `mariadb://`): the lease table
     /// `fencelock_leases`. Never Redlock, which mints no token.
     pub backend: Backend,
 }
 
+impl IssuerSpec {
+    /// Whether its tokens count the grants of one lock and nothing
+    /// enforces who writes that count but the lock's clients themselves
+    /// (Redis, Redis Sentinel): then a token far above the page's fence is
+    /// refused as a suspected forgery. Not ZooKeeper (a zxid jumps by 2^32
+    /// at each leader election) nor the lease tables (their database lets
+    /// clients write a lease only through the recipe's functions).
+    pub fn bounds_jumps(&self) -> bool {
+        matches!(self.backend, Backend::Redis | Backend::RedisSentinel)
+    }
+}
+
 impl fmt::Debug for IssuerSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={}", self.name, redact(&self.url))
+        write!(f, "{}={}", self.name, redact_url(&self.url))
     }
 }
 
@@ -86,7 +104,7 @@ impl FromStr for IssuerSpec {
         let Some((name, url)) = s.trim().split_once('=') else {
             return Err(format!(
                 "issuer {:?}: expected NAME=URL, e.g. redis=redis://127.0.0.1:6379",
-                redact(s)
+                redact_url(s)
             ));
         };
         let (name, url) = (name.trim(), url.trim());
@@ -136,27 +154,23 @@ impl FromStr for IssuerSpec {
     }
 }
 
-/// What follows `scheme://` and a userinfo, if any: the credentials are
-/// never part of a host list handed to a client library (which may log it).
-fn after_userinfo(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => &rest[at + 1..],
-        None => rest,
-    }
-}
-
 /// `redis-sentinel://a:26379,b:26379/mymaster` to (`[a:26379, b:26379]`,
-/// `mymaster`).
+/// `mymaster`); with `user:password@` before the hosts, that userinfo
+/// starts each entry (fencelock's form: the sentinels and the master are
+/// all logged in to as that user).
 fn sentinel_parts(url: &str) -> (Vec<String>, &str) {
-    let rest = after_userinfo(url);
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    // The userinfo ends at the last `@`: its password may hold `/` or `,`.
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((userinfo, rest)) => (format!("{userinfo}@"), rest),
+        None => (String::new(), rest),
+    };
     let (hosts, master) = rest.split_once('/').unwrap_or((rest, ""));
     let sentinels = hosts
         .split(',')
         .map(str::trim)
         .filter(|h| !h.is_empty())
-        .map(str::to_owned)
+        .map(|h| format!("{userinfo}{h}"))
         .collect();
     (sentinels, master.trim_matches('/').trim())
 }
@@ -276,6 +290,14 @@ impl Issuer {
         .await
     }
 
+    /// Who holds `lock` and, where the issuer says so in the same answer,
+    /// the highest token it minted for it ([`HolderLookup::state`]); asked
+    /// as [`Issuer::current_holder`] is.
+    pub async fn state(&self, lock: &str, timeout: Duration) -> Result<LockState, Unavailable> {
+        self.ask(timeout, |l| Box::pin(async move { l.state(lock).await }))
+            .await
+    }
+
     /// Ask `question` of the connected lookup within `timeout` (waiting,
     /// within that same bound, for the first connection if it is being
     /// made), e.g. [`HolderLookup::minted`]. Errors are scrubbed of the
@@ -296,7 +318,7 @@ impl Issuer {
             match connection {
                 Ok(Connection::Ready(lookup)) => question(lookup)
                     .await
-                    .map_err(|e| Unavailable::Failed(scrub(&e.to_string(), url))),
+                    .map_err(|e| Unavailable::Failed(scrub_secrets(&e.to_string(), url))),
                 Ok(Connection::Broken(e)) => Err(Unavailable::Failed(e)),
                 // The connecting task is gone (the gateway is shutting down).
                 Ok(Connection::Connecting { .. }) | Err(_) => {
@@ -332,7 +354,7 @@ async fn keep_connecting(spec: IssuerSpec, tx: watch::Sender<Connection>) {
         };
         // The library's messages may quote the URL: scrubbed before they
         // are logged or kept.
-        let url = redact(&spec.url);
+        let url = redact_url(&spec.url);
         match result {
             Ok(lookup) => {
                 tracing::info!(issuer = %spec.name, %url, after_failures = failures, "connected to issuer");
@@ -340,13 +362,13 @@ async fn keep_connecting(spec: IssuerSpec, tx: watch::Sender<Connection>) {
                 return;
             }
             Err(LockError::InvalidConfig(e)) => {
-                let e = scrub(&e, &spec.url);
+                let e = scrub_secrets(&e, &spec.url);
                 tracing::error!(issuer = %spec.name, "issuer URL is unusable, requests it fences will be answered 503: {e}");
                 tx.send_replace(Connection::Broken(format!("misconfigured: {e}")));
                 return;
             }
             Err(e) => {
-                let e = scrub(&e.to_string(), &spec.url);
+                let e = scrub_secrets(&e.to_string(), &spec.url);
                 failures += 1;
                 if failures == 1 {
                     tracing::warn!(issuer = %spec.name, %url, error = %e, "issuer not reachable yet; requests it fences are answered 503 until it is (retrying)");
@@ -367,6 +389,8 @@ async fn keep_connecting(spec: IssuerSpec, tx: watch::Sender<Connection>) {
 pub struct Issuers {
     by_name: BTreeMap<String, Issuer>,
     timeout: Duration,
+    /// See [`Issuers::max_token_jump`].
+    max_token_jump: Option<u64>,
 }
 
 impl fmt::Debug for Issuers {
@@ -377,6 +401,7 @@ impl fmt::Debug for Issuers {
                 &self.by_name.values().map(|i| &i.spec).collect::<Vec<_>>(),
             )
             .field("timeout", &self.timeout)
+            .field("max_token_jump", &self.max_token_jump)
             .finish()
     }
 }
@@ -387,11 +412,17 @@ impl Issuers {
         Issuers {
             by_name: BTreeMap::new(),
             timeout: DEFAULT_ISSUER_TIMEOUT,
+            max_token_jump: Some(DEFAULT_MAX_TOKEN_JUMP),
         }
     }
 
-    /// Start connecting to each (needs a tokio runtime). Names must be unique.
-    pub fn start(specs: &[IssuerSpec], timeout: Duration) -> Result<Self, String> {
+    /// Start connecting to each (needs a tokio runtime). Names must be
+    /// unique. `max_token_jump` 0: no bound.
+    pub fn start(
+        specs: &[IssuerSpec],
+        timeout: Duration,
+        max_token_jump: u64,
+    ) -> Result<Self, String> {
         let mut by_name = BTreeMap::new();
         for spec in specs {
             if by_name.contains_key(&spec.name) {
@@ -399,7 +430,11 @@ impl Issuers {
             }
             by_name.insert(spec.name.clone(), Issuer::start(spec.clone()));
         }
-        Ok(Issuers { by_name, timeout })
+        Ok(Issuers {
+            by_name,
+            timeout,
+            max_token_jump: (max_token_jump > 0).then_some(max_token_jump),
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -408,6 +443,12 @@ impl Issuers {
 
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// How far above a page's fence a token of an issuer that
+    /// [`IssuerSpec::bounds_jumps`] may be; `None`: unbounded.
+    pub fn max_token_jump(&self) -> Option<u64> {
+        self.max_token_jump
     }
 
     pub fn get(&self, name: &str) -> Option<&Issuer> {
@@ -466,7 +507,7 @@ mod tests {
         let spec: IssuerSpec = "rs=redis-sentinel://:pw@s1:26379/mymaster".parse().unwrap();
         assert_eq!(
             sentinel_parts(&spec.url),
-            (vec!["s1:26379".into()], "mymaster")
+            (vec![":pw@s1:26379".into()], "mymaster")
         );
         let spec: IssuerSpec = "redis-sentinel=redis-sentinel://s1:26379,s2:26379/mymaster"
             .parse()
@@ -476,6 +517,20 @@ mod tests {
             sentinel_parts(&spec.url),
             (vec!["s1:26379".to_string(), "s2:26379".into()], "mymaster")
         );
+        let spec: IssuerSpec = "rs=redis-sentinel://gateway:p%2Fw@d@s1:26379,s2:26379/mymaster"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            sentinel_parts(&spec.url),
+            (
+                vec![
+                    "gateway:p%2Fw@d@s1:26379".to_string(),
+                    "gateway:p%2Fw@d@s2:26379".into()
+                ],
+                "mymaster"
+            )
+        );
+        assert!(!format!("{spec:?}").contains("p%2F"), "{spec:?}");
     }
 
     #[test]

@@ -37,7 +37,8 @@
 //!   rules and warnings. [`auth`]: API keys and the bearer check.
 //!   [`issuers`]: the lock services asked, connected in the background.
 //!   [`page_issuers`]: which of them guards which page.
-//! - [`secrets`]: [`redact`] and [`scrub`]: no password in a message or a log.
+//! - [`secrets`]: the secrets file; URLs in messages and logs go through
+//!   [`fencelock::redact_url`] and [`fencelock::scrub_secrets`].
 //! - [`server`]: the accept loop (hyper, header-read timeout, connection cap,
 //!   graceful shutdown).
 //! - [`db`]: the connection pool requests use (tokio-postgres; one round trip
@@ -83,6 +84,8 @@
 //!   (accepted with fencing off although older than the fence), `stale_token`,
 //!   `issuer_mismatch`, `no_issuer_for_page`, `version_mismatch`,
 //!   `token_not_current` (refused by the issuer; nothing else written),
+//!   `suspected_forgery` (the issuer named the token, which it cannot have
+//!   minted in turn; nothing else written),
 //!   `fence_set` (an admin's change: method `ADMIN`, client `admin:<name>`,
 //!   with its `reason` and `force`). Requests refused before
 //!   reaching a page (400, 401, 403, 413, 415, 428, 409 `unknown_issuer`, 503)
@@ -101,7 +104,9 @@
 //!
 //! Rejections of the authentication and the issuer check: 401 `unauthorized` (with `WWW-Authenticate:
 //! Bearer`), 403 `client_id_mismatch` (and `forbidden` on the admin endpoint),
-//! 409 `unknown_issuer`, 409 `token_not_current`, 503 `issuer_unavailable`
+//! 409 `unknown_issuer`, 409 `token_not_current`, 409 `suspected_forgery` (a
+//! Redis token above the issuer's counter, or more than
+//! `GATEWAY_MAX_TOKEN_JUMP` above the page's fence), 503 `issuer_unavailable`
 //! (an issuer unreachable, erroring or slower than the issuer timeout: fail
 //! closed).
 
@@ -129,6 +134,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
+use fencelock::{redact_url, scrub_secrets};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
@@ -143,7 +149,6 @@ pub use auth::AuthMode;
 pub use config::{Cli, Command, Config, GatewayOptions};
 pub use error::ApiError;
 pub use metrics::Metrics;
-pub use secrets::{redact, scrub};
 pub use server::{serve_with, ServeOptions};
 pub use trust::{Trust, TrustOptions};
 
@@ -246,8 +251,8 @@ pub fn request_pool(database_url: &str, options: PoolOptions) -> anyhow::Result<
     Db::new(database_url, options).map_err(|e| {
         anyhow::anyhow!(
             "database URL {}: {}",
-            redact(database_url),
-            scrub(&e.to_string(), database_url)
+            redact_url(database_url),
+            scrub_secrets(&e.to_string(), database_url)
         )
     })
 }
@@ -274,8 +279,8 @@ pub async fn connect(database_url: &str, max_connections: u32) -> anyhow::Result
     connected.await.map_err(|e| {
         anyhow::anyhow!(
             "connect to {}: {}",
-            redact(database_url),
-            scrub(&format!("{e:#}"), database_url)
+            redact_url(database_url),
+            scrub_secrets(&format!("{e:#}"), database_url)
         )
     })
 }
@@ -305,7 +310,7 @@ pub async fn check_schema(database_url: &str, patience: Duration) -> anyhow::Res
     let db = connect_patiently(database_url, patience).await?;
     let checked = schema::check(&db).await;
     db.close().await;
-    checked.map_err(|e| anyhow::anyhow!("{}", scrub(&e.to_string(), database_url)))
+    checked.map_err(|e| anyhow::anyhow!("{}", scrub_secrets(&e.to_string(), database_url)))
 }
 
 /// Serve until `shutdown` completes, then drain in-flight requests; with the

@@ -39,6 +39,22 @@ pub async fn read(db: &Db, id: &str) -> Result<Option<Page>, DbError> {
     }
 }
 
+static FENCE: Sql = Sql {
+    text: "select fence_issuer, fence_token from pages where id = $1",
+    types: &[Type::TEXT],
+};
+
+/// A page's fence as it is now (`None`: no page, or not fenced yet), read
+/// without a lock: it only grows between this read and a fenced statement
+/// (but for an admin's change).
+pub async fn fence(db: &Db, id: &str) -> Result<Option<Fence>, DbError> {
+    let mut conn = db.acquire().await?;
+    match conn.query_opt(&FENCE, &[&id]).await? {
+        Some(r) => Ok(fence_of(get(&r, 0)?, get(&r, 1)?)),
+        None => Ok(None),
+    }
+}
+
 static LIST: Sql = Sql {
     text: "select id, null::text, version, fence_issuer, fence_token
            from pages where body is not null order by id",
@@ -62,10 +78,11 @@ pub struct HistoryEntry {
     pub method: String,
     /// `accepted`; `stale` (accepted with fencing off although older than the
     /// fence); the refusals `stale_token`, `issuer_mismatch`,
-    /// `no_issuer_for_page`, `version_mismatch`, `token_not_current`;
+    /// `no_issuer_for_page`, `version_mismatch`, `token_not_current`,
+    /// `suspected_forgery`;
     /// `fence_set` (an admin's change).
     #[schema(
-        pattern = "^(accepted|stale|stale_token|issuer_mismatch|no_issuer_for_page|version_mismatch|token_not_current|fence_set)$"
+        pattern = "^(accepted|stale|stale_token|issuer_mismatch|no_issuer_for_page|version_mismatch|token_not_current|suspected_forgery|fence_set)$"
     )]
     pub outcome: String,
     #[schema(required = true, minimum = 0)]
@@ -143,7 +160,7 @@ static REFUSAL: Sql = Sql {
 };
 
 /// Record an attempt refused before the fenced statement (the issuer said
-/// the token is not current): one history row with the page's version and
+/// the token is not current, or it is a suspected forgery): one history row with the page's version and
 /// fence as they are, and nothing else. The page's row is not created, locked
 /// or changed. Returns the page's fence.
 pub async fn record_refusal(

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::auth::{AuthMode, KeyRing};
-use crate::issuers::{IssuerSpec, Issuers, DEFAULT_ISSUER_TIMEOUT};
+use crate::issuers::{IssuerSpec, Issuers, DEFAULT_ISSUER_TIMEOUT, DEFAULT_MAX_TOKEN_JUMP};
 use crate::page_issuers::{PageIssuer, PageIssuers};
 use crate::FenceCheck;
 
@@ -27,6 +27,10 @@ pub struct TrustOptions {
     pub page_issuers: Vec<PageIssuer>,
     /// `GATEWAY_DEFAULT_ISSUER`; unset: the only configured issuer, if one.
     pub default_issuer: Option<String>,
+    /// How far above a page's fence a Redis token may be before it is
+    /// refused as `suspected_forgery` (0: no bound); see
+    /// [`IssuerSpec::bounds_jumps`].
+    pub max_token_jump: u64,
 }
 
 impl TrustOptions {
@@ -40,6 +44,7 @@ impl TrustOptions {
             issuer_timeout: DEFAULT_ISSUER_TIMEOUT,
             page_issuers: Vec::new(),
             default_issuer: None,
+            max_token_jump: DEFAULT_MAX_TOKEN_JUMP,
         }
     }
 
@@ -122,7 +127,11 @@ impl Trust {
             FenceCheck::Enforce => {
                 let rule = options.page_rule()?;
                 log_startup(&options, fencing, Some(&rule));
-                let issuers = Issuers::start(&options.issuers, options.issuer_timeout)?;
+                let issuers = Issuers::start(
+                    &options.issuers,
+                    options.issuer_timeout,
+                    options.max_token_jump,
+                )?;
                 (issuers, rule)
             }
             FenceCheck::Off => {
@@ -210,6 +219,20 @@ fn log_startup(o: &TrustOptions, fencing: FenceCheck, rule: Option<&PageIssuers>
             "fencing is off: GATEWAY_PAGE_ISSUERS and GATEWAY_DEFAULT_ISSUER are ignored"
         ),
         None => {}
+    }
+    if o.max_token_jump == 0 && fencing == FenceCheck::Enforce {
+        let unbounded: Vec<&str> = o
+            .issuers
+            .iter()
+            .filter(|s| s.bounds_jumps())
+            .map(|s| s.name.as_str())
+            .collect();
+        tracing::warn!(
+            issuers = ?unbounded,
+            "TOKEN JUMPS ARE NOT BOUNDED (GATEWAY_MAX_TOKEN_JUMP=0): a Redis lock client that \
+             writes its lock's holder hash and counter by hand can move a page's fence as far as \
+             2^63-1 and lock every honest writer out of it"
+        );
     }
     if o.auth == AuthMode::Off && fencing == FenceCheck::Enforce && !o.issuers.is_empty() {
         tracing::warn!(

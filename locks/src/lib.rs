@@ -171,7 +171,8 @@
 //!   process's waiters (Redis pub/sub, PostgreSQL `NOTIFY`), and a fair
 //!   waiter's place in the queue, given up when it leaves ungranted.
 //! - `token.rs`: [`Token`]. `error.rs`: [`LockError`]. `backend.rs`: [`Backend`],
-//!   the backends by name, feature or not.
+//!   the backends by name, feature or not. `redact.rs`: [`redact_url`] and
+//!   [`scrub_secrets`]: URLs in messages without their secrets.
 //! - `settings.rs`: what every backend's builder sets (client id, fair or
 //!   not, the fallback poll), written once.
 //! - `redis/`: the Redis backend (`mod.rs` maps its files), and in
@@ -189,6 +190,7 @@
 mod backend;
 mod error;
 mod lease;
+mod redact;
 #[cfg(any(
     feature = "redis",
     feature = "zookeeper",
@@ -229,6 +231,7 @@ pub use lease::{
     validity_for, AcquireOptions, Fencing, Grant, Holder, HolderLookup, Lease, LockService,
     LockState, LostSignal, LostTrigger, NewLease, WaitStats,
 };
+pub use redact::{redact_url, scrub_secrets, scrub_secrets_all};
 pub use token::{Token, TokenError};
 #[cfg(any(feature = "redis", feature = "lease-postgres", feature = "lease-mysql"))]
 pub(crate) use wake::{wait_for_grant, Try, WaitCounters};

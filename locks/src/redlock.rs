@@ -407,7 +407,10 @@ impl Redlock {
         let mut nodes = Vec::with_capacity(urls.len());
         for url in urls {
             let client = Client::open(url.as_str()).map_err(|e| {
-                LockError::InvalidConfig(format!("bad redis url for a redlock node: {e}"))
+                LockError::InvalidConfig(format!(
+                    "redlock node url {:?}: {e}",
+                    crate::redact_url(url)
+                ))
             })?;
             let addr = client.get_connection_info().addr.to_string();
             nodes.push(Arc::new(Node {

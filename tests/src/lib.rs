@@ -15,7 +15,9 @@
 //! - [`replication`]: a PostgreSQL primary with a streaming standby (async or
 //!   sync), a cuttable replication link, promotion.
 //! - [`haproxy`]: HAProxy balancing HTTP over gateways, health-checked on `/readyz`.
-//! - [`redis`]: redis-server, with or without persistence.
+//! - [`redis`]: redis-server, with or without persistence, open or with
+//!   ACL users ([`redis_acl`]: one user per role, their rules and test
+//!   passwords).
 //! - [`mariadb`]: MariaDB, plus [`fresh_mysql_database`].
 //! - [`zookeeper`]: ZooKeeper, standalone, or a three-node ensemble on loopback.
 //! - [`zookeeper_hosts`]: a three-node ensemble whose servers each live in
@@ -43,6 +45,7 @@ pub mod procs;
 pub mod proxy;
 pub mod python;
 pub mod redis;
+pub mod redis_acl;
 pub mod replication;
 pub mod sentinel;
 pub mod service;

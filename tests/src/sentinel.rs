@@ -6,6 +6,13 @@
 //!
 //! Timing: `down-after-milliseconds` 1000 and `failover-timeout` 4000, so a
 //! frozen master is replaced in about 2 s.
+//!
+//! With ACL users ([`SentinelGroup::start_with_acl`]): the data nodes have
+//! [`redis_acl::DATA_NODE_USERS`], the replica authenticates to its master
+//! as `replication`, the sentinels to the data nodes and to each other as
+//! `sentinel`, and the sentinels have [`redis_acl::SENTINEL_USERS`]; the
+//! `default` user is off everywhere. The group's own checks authenticate as
+//! `admin`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,6 +22,7 @@ use redis::aio::MultiplexedConnection;
 use tempfile::TempDir;
 
 use crate::process::{find_binary, free_port, temp_dir, wait_until, Recipe, ServiceProcess};
+use crate::redis_acl::{self, DATA_NODE_USERS};
 use crate::service::{logs, ready_or_panic, Member};
 
 /// The master name the sentinels monitor (the worker's default too).
@@ -27,14 +35,26 @@ pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
 pub struct SentinelGroup {
     nodes: Vec<Member>,
     sentinels: Vec<Member>,
+    /// `Some("admin")` with ACL users: what the group's checks log in as.
+    admin: Option<&'static str>,
     _dir: TempDir,
 }
 
 impl SentinelGroup {
     /// Start the master, the replica and the sentinels, and wait until the
     /// replica is in sync and every sentinel knows the replica and the two
-    /// other sentinels (a failover needs their votes).
+    /// other sentinels (a failover needs their votes). Open to anybody.
     pub async fn start() -> Self {
+        Self::start_with(false).await
+    }
+
+    /// [`SentinelGroup::start`] with ACL users everywhere (see the module
+    /// docs).
+    pub async fn start_with_acl() -> Self {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(acl: bool) -> Self {
         let dir = temp_dir("sentinel");
         let redis_server = find_binary("redis-server", &["/usr/bin", "/usr/local/bin"]);
         let master_port = free_port();
@@ -48,6 +68,11 @@ impl SentinelGroup {
             );
             if i == 1 {
                 conf.push_str(&format!("replicaof 127.0.0.1 {master_port}\n"));
+            }
+            if acl {
+                // Either node may be the replica after a failover.
+                conf.push_str(&redis_acl::replica_lines(redis_acl::password));
+                conf.push_str(&redis_acl::user_lines(&DATA_NODE_USERS));
             }
             let cfg = node_dir.join("redis.conf");
             std::fs::write(&cfg, conf).expect("write redis.conf");
@@ -68,20 +93,20 @@ impl SentinelGroup {
             // Sentinel rewrites its config file (what it learned, its votes):
             // each one gets its own writable copy.
             let cfg = s_dir.join("sentinel.conf");
-            std::fs::write(
-                &cfg,
-                format!(
-                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {}\n\
-                     sentinel resolve-hostnames no\n\
-                     sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
-                     sentinel down-after-milliseconds {MASTER_NAME} {}\n\
-                     sentinel failover-timeout {MASTER_NAME} 4000\n\
-                     sentinel parallel-syncs {MASTER_NAME} 1\n",
-                    s_dir.display(),
-                    DOWN_AFTER.as_millis()
-                ),
-            )
-            .expect("write sentinel.conf");
+            let mut conf = format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {}\n\
+                 sentinel resolve-hostnames no\n\
+                 sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {MASTER_NAME} {}\n\
+                 sentinel failover-timeout {MASTER_NAME} 4000\n\
+                 sentinel parallel-syncs {MASTER_NAME} 1\n",
+                s_dir.display(),
+                DOWN_AFTER.as_millis()
+            );
+            if acl {
+                conf.push_str(&redis_acl::sentinel_lines(MASTER_NAME, redis_acl::password));
+            }
+            std::fs::write(&cfg, conf).expect("write sentinel.conf");
             sentinels.push(Member {
                 process: ServiceProcess::spawn(format!("redis-sentinel{i}"), sentinel_recipe(&cfg))
                     .expect("spawn redis-sentinel"),
@@ -91,6 +116,7 @@ impl SentinelGroup {
         let me = Self {
             nodes,
             sentinels,
+            admin: acl.then_some(redis_acl::ADMIN.name),
             _dir: dir,
         };
         me.wait_ready(Duration::from_secs(40)).await;
@@ -105,6 +131,21 @@ impl SentinelGroup {
             .collect()
     }
 
+    /// [`SentinelGroup::sentinel_addrs`] as ACL user `name`:
+    /// `name:password@127.0.0.1:P` each.
+    pub fn sentinel_addrs_as(&self, name: &str) -> Vec<String> {
+        let userinfo = redis_acl::userinfo(name);
+        self.sentinel_addrs()
+            .into_iter()
+            .map(|a| format!("{userinfo}{a}"))
+            .collect()
+    }
+
+    /// The port of sentinel `i`.
+    pub fn sentinel_port(&self, i: usize) -> u16 {
+        self.sentinels[i].port
+    }
+
     pub fn master_name(&self) -> &str {
         MASTER_NAME
     }
@@ -116,6 +157,11 @@ impl SentinelGroup {
 
     pub fn node_url(&self, i: usize) -> String {
         format!("redis://127.0.0.1:{}/", self.nodes[i].port)
+    }
+
+    /// [`SentinelGroup::node_url`] as ACL user `name`.
+    pub fn node_url_as(&self, i: usize, name: &str) -> String {
+        redis_acl::url_as(name, self.nodes[i].port)
     }
 
     pub fn node(&mut self, i: usize) -> &mut ServiceProcess {
@@ -138,6 +184,7 @@ impl SentinelGroup {
     pub async fn detach_replica(&mut self, replica: usize, master: usize) -> Result<(), String> {
         self.freeze(replica);
         let killed: i64 = query(
+            self.admin,
             self.nodes[master].port,
             redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
         )
@@ -166,7 +213,7 @@ impl SentinelGroup {
         ready_or_panic(
             &what,
             Duration::from_secs(15),
-            || role(port),
+            || role_as(port, self.admin),
             || self.logs(20),
         )
         .await;
@@ -177,7 +224,7 @@ impl SentinelGroup {
     pub async fn named_master(&self) -> Option<usize> {
         let mut votes: HashMap<u16, usize> = HashMap::new();
         for s in &self.sentinels {
-            if let Ok(port) = named_master_port(s.port).await {
+            if let Ok(port) = named_master_port(self.admin, s.port).await {
                 *votes.entry(port).or_default() += 1;
             }
         }
@@ -198,7 +245,7 @@ impl SentinelGroup {
                     "the sentinels do not name node {i} (port {port}) yet"
                 ));
             }
-            match role(port).await {
+            match role_as(port, self.admin).await {
                 Ok(r) if r == "master" => Ok(()),
                 Ok(r) => Err(format!("node {i} is a {r}")),
                 Err(e) => Err(e),
@@ -217,8 +264,9 @@ impl SentinelGroup {
         timeout: Duration,
     ) -> Result<(), String> {
         let (m, r) = (self.nodes[master].port, self.nodes[replica].port);
+        let admin = self.admin;
         wait_until(timeout, || async move {
-            let info = info_replication(m).await?;
+            let info = info_replication(admin, m).await?;
             let master_offset = field(&info, "master_repl_offset").unwrap_or_default();
             let acked = info
                 .lines()
@@ -243,14 +291,15 @@ impl SentinelGroup {
     async fn wait_ready(&self, timeout: Duration) {
         let master = self.nodes[0].port;
         let sentinels: Vec<u16> = self.sentinels.iter().map(|s| s.port).collect();
+        let admin = self.admin;
         let ready = wait_until(timeout, || {
             let sentinels = sentinels.clone();
             async move {
-                if role(master).await? != "master" {
+                if role_as(master, admin).await? != "master" {
                     return Err("node 0 is not master".to_string());
                 }
                 for s in sentinels {
-                    let m = sentinel_master(s).await?;
+                    let m = sentinel_master(admin, s).await?;
                     let n = |k: &str| m.get(k).cloned().unwrap_or_default();
                     if n("num-slaves") != "1" || n("num-other-sentinels") != "2" {
                         return Err(format!(
@@ -307,9 +356,13 @@ fn sentinel_recipe(cfg: &Path) -> Recipe {
 
 const STEP: Duration = Duration::from_millis(500);
 
-async fn conn(port: u16) -> Result<MultiplexedConnection, String> {
-    let client =
-        redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
+/// A connection to the server on `port`, as ACL user `user` if given.
+async fn conn(user: Option<&str>, port: u16) -> Result<MultiplexedConnection, String> {
+    let url = match user {
+        Some(user) => redis_acl::url_as(user, port),
+        None => format!("redis://127.0.0.1:{port}/"),
+    };
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(STEP)
         .set_response_timeout(STEP);
@@ -322,8 +375,12 @@ async fn conn(port: u16) -> Result<MultiplexedConnection, String> {
     .map_err(|e| format!("port {port}: {e}"))
 }
 
-async fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Result<T, String> {
-    let mut c = conn(port).await?;
+async fn query<T: redis::FromRedisValue>(
+    user: Option<&str>,
+    port: u16,
+    cmd: &redis::Cmd,
+) -> Result<T, String> {
+    let mut c = conn(user, port).await?;
     tokio::time::timeout(STEP, cmd.query_async(&mut c))
         .await
         .map_err(|_| format!("port {port}: no answer"))?
@@ -332,14 +389,19 @@ async fn query<T: redis::FromRedisValue>(port: u16, cmd: &redis::Cmd) -> Result<
 
 /// The first word of `ROLE`: `master`, `slave` or `sentinel`.
 pub async fn role(port: u16) -> Result<String, String> {
-    let v: Vec<redis::Value> = query(port, &redis::cmd("ROLE")).await?;
+    role_as(port, None).await
+}
+
+/// [`role`], asked as ACL user `user` if given.
+pub async fn role_as(port: u16, user: Option<&str>) -> Result<String, String> {
+    let v: Vec<redis::Value> = query(user, port, &redis::cmd("ROLE")).await?;
     v.first()
         .and_then(|v| redis::from_redis_value::<String>(v).ok())
         .ok_or_else(|| format!("port {port}: empty ROLE"))
 }
 
-async fn info_replication(port: u16) -> Result<String, String> {
-    query(port, redis::cmd("INFO").arg("replication")).await
+async fn info_replication(user: Option<&str>, port: u16) -> Result<String, String> {
+    query(user, port, redis::cmd("INFO").arg("replication")).await
 }
 
 fn field(info: &str, key: &str) -> Option<String> {
@@ -349,8 +411,9 @@ fn field(info: &str, key: &str) -> Option<String> {
 }
 
 /// The port the sentinel on `port` names as master.
-async fn named_master_port(port: u16) -> Result<u16, String> {
+async fn named_master_port(user: Option<&str>, port: u16) -> Result<u16, String> {
     let addr: Option<(String, u16)> = query(
+        user,
         port,
         redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
@@ -362,9 +425,13 @@ async fn named_master_port(port: u16) -> Result<u16, String> {
 }
 
 /// `SENTINEL master NAME` as a map.
-async fn sentinel_master(port: u16) -> Result<HashMap<String, String>, String> {
-    let flat: Vec<String> =
-        query(port, redis::cmd("SENTINEL").arg("master").arg(MASTER_NAME)).await?;
+async fn sentinel_master(user: Option<&str>, port: u16) -> Result<HashMap<String, String>, String> {
+    let flat: Vec<String> = query(
+        user,
+        port,
+        redis::cmd("SENTINEL").arg("master").arg(MASTER_NAME),
+    )
+    .await?;
     Ok(flat
         .chunks(2)
         .filter_map(|kv| Some((kv.first()?.clone(), kv.get(1)?.clone())))

@@ -28,11 +28,16 @@ pub struct Config {
     #[arg(long, env = "WORKER_BACKEND", value_enum)]
     pub backend: Backend,
 
-    /// Redis URL for `--backend redis`, e.g. redis://127.0.0.1:6379.
+    /// Redis URL for `--backend redis`, e.g. redis://127.0.0.1:6379, or
+    /// redis://worker:PASSWORD@127.0.0.1:6379 to log in as an ACL user
+    /// (percent-encode special characters; errors never show the password).
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
 
-    /// Comma-separated `host:port` of the sentinels for `--backend redis-sentinel`.
+    /// Comma-separated `host:port` of the sentinels for `--backend
+    /// redis-sentinel`. `user:PASSWORD@` before an entry (e.g.
+    /// worker:PASSWORD@s1:26379,s2:26379) logs in to every sentinel and to
+    /// the master as that ACL user, which both must know.
     #[arg(long, env = "REDIS_SENTINELS", value_delimiter = ',')]
     pub redis_sentinels: Vec<String>,
 
@@ -50,7 +55,8 @@ pub struct Config {
     #[arg(long, env = "REDIS_WAIT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "100ms")]
     pub redis_wait_timeout: Duration,
 
-    /// Comma-separated URLs of the independent Redis masters for `--backend redlock`.
+    /// Comma-separated URLs of the independent Redis masters for `--backend
+    /// redlock`; each may carry an ACL user (redis://worker:PASSWORD@host:port).
     #[arg(long, env = "REDLOCK_URLS", value_delimiter = ',')]
     pub redlock_urls: Vec<String>,
 

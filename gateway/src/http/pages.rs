@@ -132,6 +132,7 @@ errors!(
         NotFound,
         UnknownIssuer,
         TokenNotCurrent,
+        SuspectedForgery,
         StaleToken,
         IssuerMismatch,
         NoIssuerForPage,
@@ -212,6 +213,7 @@ errors!(
         NotFound,
         UnknownIssuer,
         TokenNotCurrent,
+        SuspectedForgery,
         StaleToken,
         IssuerMismatch,
         NoIssuerForPage,
@@ -229,7 +231,9 @@ errors!(
 ///
 /// Needs a writer's key. With fencing enforced it needs `Fencing-Token`
 /// (428 otherwise); the token's issuer must say it is current, for this
-/// client (409 `token_not_current`), it must be the page's issuer (409
+/// client (409 `token_not_current`), it must not be a token the issuer
+/// cannot have minted in turn (409 `suspected_forgery`), it must be the
+/// page's issuer (409
 /// `issuer_mismatch`; the page's fence names it, else the operator's
 /// `GATEWAY_PAGE_ISSUERS` / `GATEWAY_DEFAULT_ISSUER`, else 409
 /// `no_issuer_for_page`), and it must not be older than the page's fence

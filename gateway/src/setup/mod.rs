@@ -24,9 +24,9 @@ mod zookeeper;
 use std::time::Duration;
 
 use anyhow::Context;
+use fencelock::scrub_secrets_all;
 
 use crate::config::SecretUrl;
-use crate::secrets::scrub_all;
 
 pub use grants::quote_ident;
 
@@ -213,7 +213,7 @@ pub async fn run(database_url: &str, options: &SetupOptions) -> anyhow::Result<S
     let urls: Vec<&str> = urls.collect();
     steps(database_url, options)
         .await
-        .map_err(|e| anyhow::anyhow!("{}", scrub_all(&format!("{e:#}"), urls)))
+        .map_err(|e| anyhow::anyhow!("{}", scrub_secrets_all(&format!("{e:#}"), urls)))
 }
 
 async fn steps(database_url: &str, options: &SetupOptions) -> anyhow::Result<SetupReport> {
@@ -244,7 +244,7 @@ async fn steps(database_url: &str, options: &SetupOptions) -> anyhow::Result<Set
             report.steps.push(format!(
                 "lease table {}: installed in MariaDB at {}",
                 options.lease_table,
-                crate::redact(mysql)
+                fencelock::redact_url(mysql)
             ));
         }
         if let Some(zk) = &options.zookeeper {

@@ -11,6 +11,7 @@ mod contract;
 mod dashboard;
 mod deadline;
 mod failover;
+mod forgery;
 mod issuers;
 mod limits;
 mod outage;

@@ -80,12 +80,12 @@ async fn database_urls_with_passwords_are_redacted_in_every_start_error() {
         let mut failed = 0;
         for e in errors.into_iter().flatten() {
             failed += 1;
-            assert_hidden(&format!("the error for {}", gateway::redact(url)), &e);
+            assert_hidden(&format!("the error for {}", fencelock::redact_url(url)), &e);
         }
         assert!(
             failed >= 4,
             "{}: only {failed} paths failed",
-            gateway::redact(url)
+            fencelock::redact_url(url)
         );
     }
     let logged = logs.text();

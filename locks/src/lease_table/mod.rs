@@ -762,9 +762,11 @@ where
 
 fn connect_error(issuer: &str, url: &str, e: sqlx::Error) -> LockError {
     match e {
-        sqlx::Error::Configuration(c) => {
-            LockError::InvalidConfig(format!("{issuer} url {url:?}: {c}"))
-        }
+        // Never the password, nor a driver's message quoting it.
+        sqlx::Error::Configuration(c) => LockError::InvalidConfig(crate::scrub_secrets(
+            &format!("{issuer} url {:?}: {c}", crate::redact_url(url)),
+            url,
+        )),
         other => db_error(issuer, other),
     }
 }
@@ -795,5 +797,19 @@ mod tests {
         assert!(validate_table(&"a".repeat(50)).is_err());
         assert!(validate_table("1abc").is_err());
         assert!(validate_table("a-b").is_err());
+    }
+
+    #[test]
+    fn a_bad_url_is_named_without_its_password() {
+        let url = "postgres://u:s3cret@h:5432/db?sslpassword=other";
+        let e = sqlx::Error::Configuration(format!("cannot parse {url}").into());
+        let LockError::InvalidConfig(message) = connect_error("lease-postgres", url, e) else {
+            panic!("not InvalidConfig");
+        };
+        assert!(
+            !message.contains("s3cret") && !message.contains("other"),
+            "{message}"
+        );
+        assert!(message.contains("postgres://u:***@h:5432/db"), "{message}");
     }
 }

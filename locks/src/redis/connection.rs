@@ -118,8 +118,13 @@ impl Server {
     /// out, or leads to a server that is no longer the master (`READONLY`:
     /// demoted by a failover): the next call reconnects, through the
     /// sentinels when there are any.
+    ///
+    /// A server that does not let this client in (`NOAUTH`: no user given
+    /// where the `default` user is off; a wrong password) is `Unavailable`
+    /// too: the operator may be setting up its users, so callers retry.
     pub(super) fn failed(&self, e: RedisError) -> LockError {
         let demoted = e.kind() == ErrorKind::ReadOnly;
+        let not_let_in = e.kind() == ErrorKind::AuthenticationFailed || e.code() == Some("NOAUTH");
         if e.is_io_error()
             || e.is_connection_dropped()
             || e.is_unrecoverable_error()
@@ -134,6 +139,7 @@ impl Server {
             || e.is_timeout()
             || e.is_unrecoverable_error()
             || demoted
+            || not_let_in
         {
             LockError::unavailable(self.issuer, e)
         } else {

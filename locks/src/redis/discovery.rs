@@ -1,13 +1,18 @@
 //! Finding the master through Redis Sentinel, each step within a short
 //! deadline (see the sentinel module, "Finding the master, following a
-//! failover"). Errors are plain text: the caller names its issuer.
+//! failover"), authenticated as one ACL user on the sentinels and the
+//! master when the sentinel list names one. Errors are plain text, never
+//! with the password: the caller names its issuer.
 
 use std::fmt;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
+    RedisConnectionInfo,
+};
 
 use crate::LockError;
 
@@ -20,11 +25,52 @@ const STEP_TIMEOUT: Duration = Duration::from_millis(500);
 /// hold up a storage that waits at most 500 ms for the whole lookup.
 const FRESHEST_GRACE: Duration = Duration::from_millis(50);
 
-/// Where the sentinels are and which master they watch.
+/// An ACL user (or the `default` one, when only a password is given) and
+/// its password. `Debug` shows the user only.
+#[derive(Clone, PartialEq, Eq)]
+pub(super) struct Credentials {
+    username: Option<String>,
+    password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:***", self.username.as_deref().unwrap_or(""))
+    }
+}
+
+impl Credentials {
+    /// `user:password` (or `:password`), percent-encoded as in a URL's
+    /// userinfo. Errors do not repeat it.
+    fn parse(userinfo: &str) -> Result<Credentials, LockError> {
+        let bad = |why: &str| {
+            LockError::InvalidConfig(format!(
+                "sentinel credentials {:?}: {why}",
+                crate::redact_url(&format!("{userinfo}@"))
+            ))
+        };
+        // The same decoding as REDIS_URL's userinfo.
+        let info = format!("redis://{userinfo}@sentinel:1/")
+            .into_connection_info()
+            .map_err(|_| bad("not user:password (percent-encode special characters)"))?;
+        let password = info
+            .redis
+            .password
+            .ok_or_else(|| bad("no password (user:password@host:port)"))?;
+        Ok(Credentials {
+            username: info.redis.username,
+            password,
+        })
+    }
+}
+
+/// Where the sentinels are, which master they watch, and as whom to ask.
 #[derive(Debug, Clone)]
 pub(super) struct Discovery {
     sentinels: Vec<String>,
     master_name: String,
+    /// For the sentinels and the master alike; `None`: anonymous.
+    credentials: Option<Credentials>,
 }
 
 impl fmt::Display for Discovery {
@@ -34,16 +80,25 @@ impl fmt::Display for Discovery {
             "master {:?} via sentinels {}",
             self.master_name,
             self.sentinels.join(",")
-        )
+        )?;
+        match &self.credentials {
+            Some(Credentials {
+                username: Some(user),
+                ..
+            }) => write!(f, " as {user:?}"),
+            _ => Ok(()),
+        }
     }
 }
 
 impl Discovery {
-    /// The sentinels (`host:port` each; entries may also be comma-separated
-    /// lists) watching master `master_name`. `InvalidConfig` for a malformed
-    /// list or an empty name.
+    /// The sentinels (`[user:password@]host:port` each; entries may also be
+    /// comma-separated lists) watching master `master_name`. Credentials
+    /// on any entry are those of every sentinel and of the master.
+    /// `InvalidConfig` for a malformed list, two different credentials or
+    /// an empty name.
     pub(super) fn new(sentinels: &[String], master_name: &str) -> Result<Discovery, LockError> {
-        let sentinels = parse_sentinels(sentinels)?;
+        let (sentinels, credentials) = parse_sentinels(sentinels)?;
         if master_name.trim().is_empty() {
             return Err(LockError::InvalidConfig(
                 "sentinel master name is empty".into(),
@@ -52,6 +107,7 @@ impl Discovery {
         Ok(Discovery {
             sentinels,
             master_name: master_name.trim().to_string(),
+            credentials,
         })
     }
 
@@ -78,7 +134,7 @@ impl Discovery {
     /// The master's address and its `config-epoch` as `sentinel` names them
     /// (`SENTINEL MASTER`).
     async fn master_epoch(&self, sentinel: &str) -> Result<(u64, String), String> {
-        let mut conn = connect(sentinel, &step_config()).await?;
+        let mut conn = self.connect(sentinel, &step_config()).await?;
         let fields: Vec<String> = step(
             redis::cmd("SENTINEL")
                 .arg("MASTER")
@@ -149,7 +205,7 @@ impl Discovery {
 
     /// The master's address as `sentinel` names it.
     async fn master_addr(&self, sentinel: &str) -> Result<String, String> {
-        let mut conn = connect(sentinel, &step_config()).await?;
+        let mut conn = self.connect(sentinel, &step_config()).await?;
         let addr: Option<(String, u16)> = step(
             redis::cmd("SENTINEL")
                 .arg("get-master-addr-by-name")
@@ -171,7 +227,7 @@ impl Discovery {
         for sentinel in &self.sentinels {
             match self.master_addr(sentinel).await {
                 Ok(addr) => {
-                    return Client::open(format!("redis://{addr}/")).map_err(|e| e.to_string())
+                    return Client::open(self.connection_info(&addr)?).map_err(|e| e.to_string())
                 }
                 Err(e) => failures.push(format!("{sentinel}: {e}")),
             }
@@ -185,7 +241,8 @@ impl Discovery {
         config: &AsyncConnectionConfig,
     ) -> Result<MultiplexedConnection, String> {
         let addr = self.master_addr(sentinel).await?;
-        let mut conn = connect(&addr, config)
+        let mut conn = self
+            .connect(&addr, config)
             .await
             .map_err(|e| format!("master {e}"))?;
         let role: Vec<redis::Value> = step(redis::cmd("ROLE").query_async(&mut conn))
@@ -209,16 +266,38 @@ pub(super) fn step_config() -> AsyncConnectionConfig {
         .set_response_timeout(STEP_TIMEOUT)
 }
 
-/// A new connection to `addr` (`host:port`, a sentinel or a master),
-/// within [`STEP_TIMEOUT`].
-pub(super) async fn connect(
-    addr: &str,
-    config: &AsyncConnectionConfig,
-) -> Result<MultiplexedConnection, String> {
-    let client = Client::open(format!("redis://{addr}/")).map_err(|e| format!("{addr}: {e}"))?;
-    step(client.get_multiplexed_async_connection_with_config(config))
-        .await
-        .map_err(|e| format!("{addr}: {e}"))
+impl Discovery {
+    /// How to reach `addr` (`host:port`, a sentinel or a master) as this
+    /// discovery's user.
+    fn connection_info(&self, addr: &str) -> Result<ConnectionInfo, String> {
+        let (host, port) = addr
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+            .ok_or_else(|| format!("{addr:?} is not host:port"))?;
+        let credentials = self.credentials.clone();
+        Ok(ConnectionInfo {
+            addr: ConnectionAddr::Tcp(host.to_string(), port),
+            redis: RedisConnectionInfo {
+                username: credentials.as_ref().and_then(|c| c.username.clone()),
+                password: credentials.map(|c| c.password),
+                ..RedisConnectionInfo::default()
+            },
+        })
+    }
+
+    /// A new connection to `addr` (`host:port`, a sentinel or a master),
+    /// authenticated, within [`STEP_TIMEOUT`].
+    pub(super) async fn connect(
+        &self,
+        addr: &str,
+        config: &AsyncConnectionConfig,
+    ) -> Result<MultiplexedConnection, String> {
+        let client =
+            Client::open(self.connection_info(addr)?).map_err(|e| format!("{addr}: {e}"))?;
+        step(client.get_multiplexed_async_connection_with_config(config))
+            .await
+            .map_err(|e| format!("{addr}: {e}"))
+    }
 }
 
 /// One discovery step within [`STEP_TIMEOUT`].
@@ -239,31 +318,50 @@ pub(super) fn role_of(reply: &[redis::Value]) -> String {
         .unwrap_or_default()
 }
 
-/// Check `host:port` entries (no scheme): what `REDIS_SENTINELS` holds.
-fn parse_sentinels(sentinels: &[String]) -> Result<Vec<String>, LockError> {
-    let list: Vec<String> = sentinels
+/// Check `[user:password@]host:port` entries (no scheme): what
+/// `REDIS_SENTINELS` holds. The `host:port` of each, and the credentials
+/// (the same on every entry that gives them).
+fn parse_sentinels(sentinels: &[String]) -> Result<(Vec<String>, Option<Credentials>), LockError> {
+    let mut list = vec![];
+    let mut credentials: Option<Credentials> = None;
+    let entries = sentinels
         .iter()
         .flat_map(|s| s.split(','))
         .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect();
+        .filter(|s| !s.is_empty());
+    for entry in entries {
+        let addr = match entry.rsplit_once('@') {
+            Some((userinfo, addr)) => {
+                let given = Credentials::parse(userinfo)?;
+                if credentials.as_ref().is_some_and(|c| *c != given) {
+                    return Err(LockError::InvalidConfig(
+                        "the sentinel list gives two different credentials: give them once, \
+                         they are used for every sentinel and for the master"
+                            .into(),
+                    ));
+                }
+                credentials = Some(given);
+                addr
+            }
+            None => entry,
+        };
+        let ok = addr
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !ok {
+            return Err(LockError::InvalidConfig(format!(
+                "sentinel {:?} is not [user:password@]host:port",
+                crate::redact_url(entry)
+            )));
+        }
+        list.push(addr.to_string());
+    }
     if list.is_empty() {
         return Err(LockError::InvalidConfig(
             "no sentinel given (host:port list)".into(),
         ));
     }
-    for s in &list {
-        let ok = s
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-        if !ok {
-            return Err(LockError::InvalidConfig(format!(
-                "sentinel {s:?} is not host:port"
-            )));
-        }
-    }
-    Ok(list)
+    Ok((list, credentials))
 }
 
 #[cfg(test)]
@@ -275,11 +373,14 @@ mod tests {
         let list = parse_sentinels(&["127.0.0.1:26379, s2:26380".into(), "s3:1".into()]);
         assert_eq!(
             list,
-            Ok(vec![
-                "127.0.0.1:26379".to_string(),
-                "s2:26380".into(),
-                "s3:1".into()
-            ])
+            Ok((
+                vec![
+                    "127.0.0.1:26379".to_string(),
+                    "s2:26380".into(),
+                    "s3:1".into()
+                ],
+                None
+            ))
         );
         assert!(matches!(
             parse_sentinels(&["redis://x".into()]),
@@ -289,5 +390,37 @@ mod tests {
             parse_sentinels(&[" ".into()]),
             Err(LockError::InvalidConfig(_))
         ));
+    }
+
+    #[test]
+    fn credentials_in_the_list_hold_for_every_sentinel_and_never_show() {
+        let worker = Some(Credentials {
+            username: Some("worker".into()),
+            password: "p@ss:w/rd".into(),
+        });
+        let (list, credentials) =
+            parse_sentinels(&["worker:p%40ss%3Aw%2Frd@s1:1,s2:2".into()]).unwrap();
+        assert_eq!(
+            (list, &credentials),
+            (vec!["s1:1".into(), "s2:2".into()], &worker)
+        );
+        let discovery = Discovery::new(&["worker:p%40ss%3Aw%2Frd@s1:1".into()], "m").unwrap();
+        for shown in [format!("{discovery}"), format!("{discovery:?}")] {
+            assert!(shown.contains("worker") && !shown.contains("ss"), "{shown}");
+        }
+        let info = discovery.connection_info("m1:6379").unwrap();
+        assert_eq!(info.redis.username.as_deref(), Some("worker"));
+        assert_eq!(info.redis.password.as_deref(), Some("p@ss:w/rd"));
+        let (_, default_user) = parse_sentinels(&[":secret@s1:1".into()]).unwrap();
+        assert_eq!(default_user.and_then(|c| c.username), None);
+        for (list, said) in [
+            ("a:pw1@s1:1,b:pw2@s2:2", "two different credentials"),
+            ("worker@s1:1", "no password"),
+            ("worker:secret@s1", "host:port"),
+        ] {
+            let e = parse_sentinels(&[list.into()]).unwrap_err().to_string();
+            assert!(e.contains(said), "{list}: {e}");
+            assert!(!e.contains("pw1") && !e.contains("secret"), "{e}");
+        }
     }
 }

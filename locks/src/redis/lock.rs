@@ -65,12 +65,16 @@ impl Configurable for RedisLock {
 }
 
 impl RedisLock {
-    /// Connect to `url` (`redis://host:port/db`) and PING it. A malformed URL is
-    /// `InvalidConfig`; a server that does not answer within 2 s is
-    /// `Unavailable`, at once. The lock is fair; see [`RedisLock::non_fair`].
+    /// Connect to `url` (`redis://[user:password@]host:port/db`; with a
+    /// user, the connection authenticates as that ACL user) and PING it. A
+    /// malformed URL is `InvalidConfig`; a server that does not answer
+    /// within 2 s, or refuses the credentials, is `Unavailable`, at once.
+    /// Errors never show the password. The lock is fair; see
+    /// [`RedisLock::non_fair`].
     pub async fn connect(url: &str) -> Result<RedisLock, LockError> {
-        let client = Client::open(url)
-            .map_err(|e| LockError::InvalidConfig(format!("redis url {url:?}: {e}")))?;
+        let client = Client::open(url).map_err(|e| {
+            LockError::InvalidConfig(format!("redis url {:?}: {e}", crate::redact_url(url)))
+        })?;
         Self::connect_source(Source::Fixed(client), ISSUER).await
     }
 

@@ -12,7 +12,8 @@
 //!   the holder's [`LockService::client_id`]) and `count` (how many times the
 //!   owner holds it: 1, more when a reentrant owner took it again). One
 //!   `HMGET` tells a storage who holds the lock and with which token
-//!   ([`HolderLookup`]).
+//!   ([`HolderLookup`]); with `GET fence:{N}` in the same round trip, also
+//!   the highest token minted ([`HolderLookup::state`]).
 //! - `fence:{N}`, the fencing counter. It never expires; every first grant
 //!   `INCR`s it and the new value is the grant's token.
 //! - `queue:{N}` (a list of waiter ids, oldest first) and `deadlines:{N}` (a
@@ -109,6 +110,24 @@
 //! - A key `lock:{N}` written by an older version of this crate (a string,
 //!   not a hash) makes the scripts fail with `WRONGTYPE` (a protocol error)
 //!   until it expires: do not mix versions on one Redis.
+//! - A counter that cannot be incremented (written by hand to 2^63-1, or
+//!   to something that is not a number) fails every grant of its lock with
+//!   a protocol error naming the counter, until an operator repairs it.
+//!
+//! # Who may do what
+//! Redis 7 ACLs can confine a lock client to the lock's keys (`lock:*`,
+//! `fence:*`, `queue:*`, `deadlines:*`), its channel (`released:*`) and
+//! the commands the scripts and the wait send; the URL (or the Sentinel
+//! list) names its user. They cannot confine it to the scripts: a script
+//! runs with its caller's rights, so a client allowed to run the grant may
+//! also write `lock:{N}` and `fence:{N}` by hand. A storage that asks the
+//! lock service must therefore not trust a holder or a counter beyond what
+//! it can check (the gateway bounds a token's jump over the page's fence).
+//! Redis locks suit trusted lock clients. With the `default` user off,
+//! leave it all rights (`user default off ~* &* +@all`: nobody can log in
+//! as it): Redis 7.0 replays an append-only file as `default` and checks
+//! each `MULTI`/`EXEC` in it (how a script's writes are logged) against its
+//! rules, dropping the counters otherwise.
 
 //!
 //! # Layout
@@ -124,6 +143,7 @@
 //!   master Sentinel names; `discovery.rs`: asking the sentinels.
 //!
 //! [`HolderLookup`]: crate::HolderLookup
+//! [`HolderLookup::state`]: crate::HolderLookup::state
 //! [`LockService::client_id`]: crate::LockService::client_id
 
 mod connection;

@@ -5,7 +5,7 @@
 //! [`RedisLock`]: super::RedisLock
 
 use std::collections::HashSet;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -24,7 +24,12 @@ const PUBSUB_RETRY: Duration = Duration::from_secs(1);
 
 pub(super) struct Notifier {
     wakers: Arc<Wakers>,
-    state: tokio::sync::Mutex<PubSubState>,
+    /// Never held across an `await`: a waiter's future that stops being
+    /// polled must not hold up the other waiters (see [`Notifier::subscribe`]).
+    state: Mutex<PubSubState>,
+    /// Orders the connection's opening, subscriptions and unsubscriptions.
+    /// Held only by tasks this notifier spawns, which are always polled.
+    io: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -39,6 +44,19 @@ struct PubSubState {
     generation: u64,
 }
 
+impl PubSubState {
+    /// Whether opening failed so recently that waiters should poll.
+    fn failed_lately(&self) -> bool {
+        self.sink.is_none() && self.failed_at.is_some_and(|at| at.elapsed() < PUBSUB_RETRY)
+    }
+
+    fn close(&mut self) {
+        self.sink = None;
+        self._stop = None;
+        self.subscribed.clear();
+    }
+}
+
 impl Notifier {
     pub(super) fn new() -> Arc<Notifier> {
         Arc::new_cyclic(|me: &Weak<Notifier>| {
@@ -46,73 +64,111 @@ impl Notifier {
             Notifier {
                 wakers: Arc::new(Wakers::with_on_empty(Box::new(move |channel: &str| {
                     // The last waiter of `channel` left: unsubscribe, unless
-                    // a new one came meanwhile (checked under the state lock).
+                    // a new one came meanwhile (checked in that task).
                     let (Some(me), Ok(rt)) = (me.upgrade(), tokio::runtime::Handle::try_current())
                     else {
                         return;
                     };
                     let channel = channel.to_string();
-                    rt.spawn(async move { me.unsubscribe_if_unused(&channel).await });
+                    rt.spawn(async move {
+                        let _io = me.io.lock().await;
+                        me.unsubscribe_if_unused(&channel).await;
+                    });
                 }))),
-                state: tokio::sync::Mutex::new(PubSubState::default()),
+                state: Mutex::new(PubSubState::default()),
+                io: tokio::sync::Mutex::new(()),
             }
         })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, PubSubState> {
+        self.state.lock().expect("pub/sub state")
     }
 
     /// Register a waiter for lock `name` and make sure its channel is
     /// subscribed (the server confirmed it) before returning. `None` when
     /// pub/sub is unavailable: the waiter polls.
+    ///
+    /// The connection is opened and the channel subscribed by a task of its
+    /// own, whose outcome the waiter awaits: when that ran in the waiter's
+    /// future under the notifier's lock, a future that stopped being polled
+    /// there (dropped neither, as a task stuck elsewhere) kept every later
+    /// waiter of the service from subscribing, past its own `wait`.
     pub(super) async fn subscribe(
         self: &Arc<Self>,
-        server: &Server,
+        server: &Arc<Server>,
         name: &str,
         waiter: Option<Arc<str>>,
     ) -> Option<Registration> {
         let channel = channel(name);
         let registration = self.wakers.register(&channel, waiter);
-        let mut state = self.state.lock().await;
-        if state.subscribed.contains(&channel) && state.sink.is_some() {
-            return Some(registration);
-        }
-        if state.sink.is_none() {
-            if state
-                .failed_at
-                .is_some_and(|at| at.elapsed() < PUBSUB_RETRY)
-            {
+        {
+            let state = self.state();
+            if state.sink.is_some() && state.subscribed.contains(&channel) {
+                return Some(registration);
+            }
+            if state.failed_lately() {
                 return None;
             }
-            match self.open(server, &mut state).await {
-                Ok(()) => state.failed_at = None,
-                Err(e) => {
-                    tracing::debug!(issuer = server.issuer, "pub/sub unavailable, polling: {e}");
-                    state.failed_at = Some(Instant::now());
-                    return None;
-                }
-            }
         }
-        let sink = state.sink.as_mut().expect("opened above");
-        match tokio::time::timeout(CONNECT_TIMEOUT, sink.subscribe(&channel)).await {
-            Ok(Ok(())) => {
-                state.subscribed.insert(channel);
-                Some(registration)
-            }
-            failed => {
-                tracing::debug!(
-                    issuer = server.issuer,
-                    "SUBSCRIBE failed, polling: {failed:?}"
-                );
-                Self::close(&mut state);
-                None
-            }
-        }
+        let (outcome_tx, outcome) = oneshot::channel();
+        let (me, server) = (self.clone(), server.clone());
+        tokio::spawn(async move {
+            let _io = me.io.lock().await;
+            let _ = outcome_tx.send(me.ensure_subscribed(&server, &channel).await);
+        });
+        outcome.await.unwrap_or(false).then_some(registration)
     }
 
-    /// Open the pub/sub connection and start the task that reads it.
-    async fn open(
-        self: &Arc<Self>,
-        server: &Server,
-        state: &mut PubSubState,
-    ) -> Result<(), LockError> {
+    /// Subscribe `channel`, opening the connection first if there is none.
+    /// Under the `io` lock.
+    async fn ensure_subscribed(self: &Arc<Self>, server: &Server, channel: &str) -> bool {
+        let current = {
+            let state = self.state();
+            if state.sink.is_some() && state.subscribed.contains(channel) {
+                return true;
+            }
+            if state.failed_lately() {
+                return false;
+            }
+            state.sink.clone().map(|sink| (sink, state.generation))
+        };
+        let (mut sink, generation) = match current {
+            Some(open) => open,
+            None => match self.open(server).await {
+                Ok(opened) => opened,
+                Err(e) => {
+                    tracing::debug!(issuer = server.issuer, "pub/sub unavailable, polling: {e}");
+                    self.state().failed_at = Some(Instant::now());
+                    return false;
+                }
+            },
+        };
+        let subscribed = tokio::time::timeout(CONNECT_TIMEOUT, sink.subscribe(channel)).await;
+        {
+            let mut state = self.state();
+            if state.generation != generation {
+                return false;
+            }
+            if !matches!(subscribed, Ok(Ok(()))) {
+                tracing::debug!(
+                    issuer = server.issuer,
+                    "SUBSCRIBE failed, polling: {subscribed:?}"
+                );
+                state.close();
+                return false;
+            }
+            state.subscribed.insert(channel.to_string());
+        }
+        // Its waiters may all have left meanwhile, their unsubscription
+        // finding nothing to undo yet.
+        self.unsubscribe_if_unused(channel).await;
+        true
+    }
+
+    /// Open the pub/sub connection and start the task that reads it; its
+    /// sink and generation. Under the `io` lock.
+    async fn open(self: &Arc<Self>, server: &Server) -> Result<(PubSubSink, u64), LockError> {
         let issuer = server.issuer;
         let client = server
             .source()
@@ -125,11 +181,15 @@ impl Notifier {
             .map_err(|e| LockError::unavailable(issuer, e))?;
         let (sink, mut stream) = pubsub.split();
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
-        state.generation += 1;
-        let generation = state.generation;
-        state.sink = Some(sink);
-        state._stop = Some(stop_tx);
-        state.subscribed.clear();
+        let generation = {
+            let mut state = self.state();
+            state.generation += 1;
+            state.sink = Some(sink.clone());
+            state._stop = Some(stop_tx);
+            state.subscribed.clear();
+            state.failed_at = None;
+            state.generation
+        };
         let me = Arc::downgrade(self);
         let wakers = self.wakers.clone();
         tokio::spawn(async move {
@@ -148,31 +208,36 @@ impl Notifier {
             // The connection broke: messages may have been lost. Forget it
             // (the next waiter reopens it) and wake everybody to try again.
             if let Some(me) = me.upgrade() {
-                let mut state = me.state.lock().await;
+                let mut state = me.state();
                 if state.generation == generation {
-                    Self::close(&mut state);
+                    state.close();
                 }
             }
             wakers.notify_all();
         });
-        Ok(())
+        Ok((sink, generation))
     }
 
-    fn close(state: &mut PubSubState) {
-        state.sink = None;
-        state._stop = None;
-        state.subscribed.clear();
-    }
-
+    /// Unsubscribe `channel` if nobody in this process waits for it. Under
+    /// the `io` lock, so that a subscription that follows goes out after.
     async fn unsubscribe_if_unused(&self, channel: &str) {
-        let mut state = self.state.lock().await;
-        if self.wakers.has(channel) || !state.subscribed.remove(channel) {
+        let open = {
+            let mut state = self.state();
+            if self.wakers.has(channel) || !state.subscribed.remove(channel) {
+                return;
+            }
+            state.sink.clone().map(|sink| (sink, state.generation))
+        };
+        let Some((mut sink, generation)) = open else {
             return;
-        }
-        if let Some(sink) = state.sink.as_mut() {
-            match tokio::time::timeout(CONNECT_TIMEOUT, sink.unsubscribe(channel)).await {
-                Ok(Ok(())) => {}
-                _ => Self::close(&mut state),
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, sink.unsubscribe(channel)).await {
+            Ok(Ok(())) => {}
+            _ => {
+                let mut state = self.state();
+                if state.generation == generation {
+                    state.close();
+                }
             }
         }
     }

@@ -50,8 +50,9 @@
 //! [`HolderLookup`] asks the sentinels which server is the master **on every
 //! lookup** (all of them at once, following the one that knows of the latest
 //! failover: the highest `config-epoch`), then sends `ROLE` and `HMGET
-//! lock:{N} token owner` to that server in one pipeline, and answers only if
-//! it still says it is the master. So after a failover that loses a grant it
+//! lock:{N} token owner` (and for [`HolderLookup::state`], `GET fence:{N}`)
+//! to that server in one pipeline, and answers only if it still says it is
+//! the master. So after a failover that loses a grant it
 //! answers for the new master, which is what a storage asking "who holds it
 //! now" should get. Asking the sentinels each
 //! time matters: a lookup that kept its connection to the old master would
@@ -62,6 +63,19 @@
 //! holder's writes were refused with `token_not_current`). A master that no
 //! sentinel names, or a named server that is not the master, is
 //! `Unavailable`: the storage fails closed until the failover is over.
+//!
+//! # Authentication
+//! An entry of the sentinel list may start with `user:password@`
+//! (percent-encoded as in a URL): every connection, to the sentinels and to
+//! the master they name (the lock's, its `WAIT`, the waiters' pub/sub, the
+//! lookup's), then authenticates as that ACL user. So the user must exist,
+//! with the same password, on the sentinels (allowed `SENTINEL
+//! get-master-addr-by-name` and `SENTINEL MASTER`) and on the data nodes
+//! (the lock's keys and commands). Errors and `Debug` never show the
+//! password.
+//!
+//! [`HolderLookup`]: crate::HolderLookup
+//! [`HolderLookup::state`]: crate::HolderLookup::state
 
 use std::fmt;
 use std::sync::Arc;
@@ -71,10 +85,10 @@ use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 
 use super::connection::{answered, unanswered, Source};
-use super::discovery::{connect, role_of, step, step_config, Discovery};
-use super::holder::{holder_command, holder_from_fields, HolderFields};
+use super::discovery::{role_of, step, step_config, Discovery};
+use super::holder::{holder_lookup, Lookup};
 use super::lock::RedisLock;
-use crate::{AcquireOptions, Holder, HolderLookup, Lease, LockError, LockService, WaitStats};
+use crate::{AcquireOptions, Lease, LockError, LockService, LockState, WaitStats};
 
 /// The issuer name sent with every token of this backend. Distinct from
 /// `redis`: a storage must not compare these tokens with a standalone
@@ -101,9 +115,11 @@ impl fmt::Debug for RedisSentinelLock {
 
 impl RedisSentinelLock {
     /// Ask the sentinels (`host:port` each; entries may also be
-    /// comma-separated lists) for master `master_name`, connect to it and PING
-    /// it. A malformed list or an empty name is `InvalidConfig`; no sentinel
-    /// leading to a master is `Unavailable`, at once.
+    /// comma-separated lists; credentials as `user:password@host:port` on
+    /// any entry, see the module docs, "Authentication") for master
+    /// `master_name`, connect to it and PING it. A malformed list or an
+    /// empty name is `InvalidConfig`; no sentinel leading to a master is
+    /// `Unavailable`, at once.
     pub async fn connect(
         sentinels: &[String],
         master_name: &str,
@@ -158,8 +174,8 @@ impl RedisSentinelLock {
         self
     }
 
-    /// `current_holder`: see the module docs ("Holder lookup").
-    async fn holder_on_named_master(&self, name: &str) -> Result<Option<Holder>, LockError> {
+    /// A lookup: see the module docs ("Holder lookup").
+    async fn lookup_lock(&self, name: &str, what: Lookup) -> Result<LockState, LockError> {
         let master = self.current_master().await?;
         let mut conn = {
             let mut cached = self.lookup.lock().await;
@@ -167,7 +183,9 @@ impl RedisSentinelLock {
                 Some((addr, conn)) if *addr == master => conn.clone(),
                 _ => {
                     *cached = None;
-                    let conn = connect(&master, &step_config())
+                    let conn = self
+                        .discovery
+                        .connect(&master, &step_config())
                         .await
                         .map_err(|e| LockError::unavailable(ISSUER, format!("master {e}")))?;
                     *cached = Some((master.clone(), conn.clone()));
@@ -176,7 +194,10 @@ impl RedisSentinelLock {
             }
         };
         let mut pipe = redis::pipe();
-        pipe.cmd("ROLE").add_command(holder_command(name));
+        pipe.cmd("ROLE");
+        for cmd in what.commands(name) {
+            pipe.add_command(cmd);
+        }
         // Abandoned by its caller before it is answered (the gateway waits
         // at most 500 ms for an issuer), the lookup forgets the cached
         // connection, which may have stopped answering (as the kept
@@ -187,11 +208,10 @@ impl RedisSentinelLock {
                 *cached = None;
             }
         });
-        let answer: Result<(Vec<redis::Value>, HolderFields), String> =
-            step(pipe.query_async(&mut conn)).await;
+        let answer: Result<Vec<redis::Value>, String> = step(pipe.query_async(&mut conn)).await;
         answered(pending);
-        let (role, fields) = match answer {
-            Ok(a) => a,
+        let values = match answer {
+            Ok(values) => values,
             Err(e) => {
                 *self.lookup.lock().await = None;
                 return Err(LockError::unavailable(
@@ -200,7 +220,11 @@ impl RedisSentinelLock {
                 ));
             }
         };
-        let role = role_of(&role);
+        let role = values
+            .first()
+            .and_then(|r| redis::from_redis_value::<Vec<redis::Value>>(r).ok())
+            .map(|r| role_of(&r))
+            .unwrap_or_default();
         if role != "master" {
             *self.lookup.lock().await = None;
             return Err(LockError::unavailable(
@@ -211,7 +235,7 @@ impl RedisSentinelLock {
                 ),
             ));
         }
-        holder_from_fields(ISSUER, fields)
+        what.answer(ISSUER, &values[1..])
     }
 
     /// The master's `host:port` as the sentinel that knows of the latest
@@ -243,15 +267,4 @@ impl LockService for RedisSentinelLock {
     }
 }
 
-impl HolderLookup for RedisSentinelLock {
-    fn issuer(&self) -> &str {
-        ISSUER
-    }
-
-    fn current_holder<'a>(
-        &'a self,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Holder>, LockError>> {
-        Box::pin(self.holder_on_named_master(name))
-    }
-}
+holder_lookup!(RedisSentinelLock);

@@ -13,6 +13,7 @@
 mod feature_tree;
 mod lease_table;
 mod lock_api;
+mod redis_acl;
 mod redis_lock;
 mod redis_sentinel;
 mod redlock;

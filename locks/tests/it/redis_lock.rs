@@ -1,25 +1,30 @@
-//! The Redis backend against a real redis-server.
+//! The Redis backend against a real redis-server with ACL users: every
+//! lock here is taken as the lock client's user (`worker`), and what the
+//! tests look at or tamper with is read and written as `admin`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock::redis::{channel, deadlines_key, fence_key, lock_key, queue_key, RedisLock};
 use fencelock::{AcquireOptions, HolderLookup, LockError, LockService};
+use harness::proxy::{via_proxy, DelayProxy, Mode};
 use harness::{Persistence, Redis};
 
 use crate::support::fair::{self, Queue};
-use crate::support::redis::{connections_received, query, raw};
+use crate::support::redis::{connections_received, query, raw, secured, ADMIN, WORKER};
 use crate::support::{
     assert_timeout, assert_unavailable, contract, granted, held, held_with, spawn_acquire,
 };
 
 async fn service(redis: &Redis) -> RedisLock {
-    RedisLock::connect(&redis.url()).await.expect("connect")
+    RedisLock::connect(&redis.url_as(WORKER))
+        .await
+        .expect("connect")
 }
 
 /// A Redis server of the test's own, and a service on it.
 async fn started() -> (Redis, RedisLock) {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     let svc = service(&redis).await;
     (redis, svc)
 }
@@ -31,7 +36,7 @@ async fn polling(redis: &Redis, fallback: Duration) -> RedisLock {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_exclusion_under_contention() {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     let svc: Arc<dyn LockService> = Arc::new(service(&redis).await);
     contract::mutual_exclusion_under_contention(svc, "page-1", 8, 25).await;
 }
@@ -48,7 +53,7 @@ async fn tokens_strictly_increase_per_lock_name() {
 async fn grant_sets_owner_key_with_ttl_and_counter_without() {
     let (redis, svc) = started().await;
     let lease = held(&svc, "page", Duration::from_secs(5)).await;
-    let mut raw = raw(&redis.url()).await;
+    let mut raw = raw(&redis.url_as(ADMIN)).await;
     let pttl: i64 = query(&mut raw, redis::cmd("PTTL").arg(lock_key("page"))).await;
     assert!((1..=5000).contains(&pttl), "lock key pttl {pttl}");
     let fence_ttl: i64 = query(&mut raw, redis::cmd("PTTL").arg(fence_key("page"))).await;
@@ -62,7 +67,7 @@ async fn grant_sets_owner_key_with_ttl_and_counter_without() {
 
 #[tokio::test]
 async fn tokens_keep_increasing_across_restart_with_aof_always() {
-    let mut redis = Redis::start_with(Persistence::AofAlways).await;
+    let mut redis = Redis::start_with_acl(Persistence::AofAlways).await;
     let before = contract::tokens_strictly_increase(&service(&redis).await, "page", 3).await;
     redis.restart().await;
     let svc = service(&redis).await;
@@ -73,7 +78,7 @@ async fn tokens_keep_increasing_across_restart_with_aof_always() {
 /// next holder's token is below tokens the storage has already seen.
 #[tokio::test]
 async fn tokens_go_backwards_after_restart_without_persistence() {
-    let mut redis = Redis::start().await;
+    let mut redis = secured().await;
     let before = contract::tokens_strictly_increase(&service(&redis).await, "page", 3).await;
     assert_eq!(before, 3);
     redis.restart().await;
@@ -89,7 +94,7 @@ async fn tokens_go_backwards_after_restart_without_persistence() {
 
 #[tokio::test]
 async fn the_same_client_survives_a_restart() {
-    let mut redis = Redis::start().await;
+    let mut redis = secured().await;
     let svc = service(&redis).await;
     contract::tokens_strictly_increase(&svc, "page", 1).await;
     redis.restart().await;
@@ -112,7 +117,7 @@ async fn late_release_by_expired_holder_is_a_no_op() {
 async fn release_by_a_stranger_does_not_free_the_lock() {
     let (redis, svc) = started().await;
     let lease = held(&svc, "page", Duration::from_secs(5)).await;
-    let mut raw = raw(&redis.url()).await;
+    let mut raw = raw(&redis.url_as(ADMIN)).await;
     let token = lease.token().unwrap().get();
     let deleted: i64 = redis::Script::new(fencelock::redis::RELEASE_SCRIPT)
         .key(lock_key("page"))
@@ -149,7 +154,7 @@ async fn watchdog_keeps_lease_alive_well_past_ttl() {
 
 #[tokio::test]
 async fn lost_signal_fires_when_redis_is_killed_during_hold() {
-    let mut redis = Redis::start().await;
+    let mut redis = secured().await;
     let svc = service(&redis).await;
     let ttl = Duration::from_millis(500);
     contract::lost_signal_fires_within(&svc, "page", ttl, || redis.kill(), ttl + ttl / 2).await;
@@ -160,7 +165,7 @@ async fn renewal_refused_after_key_deleted_fires_lost_signal() {
     let (redis, svc) = started().await;
     let ttl = Duration::from_millis(600);
     let lease = svc.acquire("page", ttl, Duration::ZERO).await.unwrap();
-    let mut raw = raw(&redis.url()).await;
+    let mut raw = raw(&redis.url_as(ADMIN)).await;
     let _: i64 = query(&mut raw, redis::cmd("DEL").arg(lock_key("page"))).await;
     let reason = tokio::time::timeout(ttl, lease.lost_signal().lost())
         .await
@@ -179,13 +184,13 @@ async fn bad_config_is_a_clear_error() {
     assert_unavailable(unreachable, "redis");
     assert!(started.elapsed() < Duration::from_secs(3), "fail fast");
 
-    let redis = Redis::start().await;
+    let redis = secured().await;
     contract::bad_requests_are_invalid_config(&service(&redis).await).await;
 }
 
 #[tokio::test]
 async fn holder_lookup_names_the_client_and_token() {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     let svc = service(&redis).await.with_client_id("alice").unwrap();
     contract::holder_lookup_names_the_client_and_token(&svc, &svc, "alice", "page", true).await;
     // A client id is what the gateway's keys allow: visible ASCII, no spaces.
@@ -197,7 +202,7 @@ async fn holder_lookup_names_the_client_and_token() {
 
 #[tokio::test]
 async fn the_first_holder_lookup_after_a_restart_is_answered_not_refused() {
-    let mut redis = Redis::start().await;
+    let mut redis = secured().await;
     let svc = service(&redis).await.with_client_id("alice").unwrap();
     // No watchdog: nothing but the lookup may touch the kept connection.
     let opts = AcquireOptions::new(Duration::from_secs(30)).auto_renew(false);
@@ -228,9 +233,9 @@ async fn the_first_holder_lookup_after_a_restart_is_answered_not_refused() {
 /// a new connection (the server counts one more connection received).
 #[tokio::test]
 async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
-    let mut redis = Redis::start().await;
+    let mut redis = secured().await;
     let svc = service(&redis).await;
-    let mut admin = raw(&redis.url()).await;
+    let mut admin = raw(&redis.url_as(ADMIN)).await;
     assert_eq!(svc.current_holder("page").await, Ok(None));
     redis.process().pause();
     let abandoned =
@@ -248,20 +253,20 @@ async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
 
 #[tokio::test]
 async fn dropped_lease_is_released_in_the_background() {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     contract::dropped_lease_is_released_in_the_background(&service(&redis).await, "page").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_fair_mutual_exclusion_under_contention() {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     let svc: Arc<dyn LockService> = Arc::new(service(&redis).await.non_fair());
     contract::mutual_exclusion_under_contention(svc, "page-1", 8, 25).await;
 }
 
 #[tokio::test]
 async fn non_fair_tokens_strictly_increase_and_the_lookup_names_the_holder() {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     let svc = service(&redis).await.non_fair();
     assert!(!svc.is_fair());
     assert_eq!(contract::tokens_strictly_increase(&svc, "a", 5).await, 5);
@@ -272,7 +277,7 @@ async fn non_fair_tokens_strictly_increase_and_the_lookup_names_the_holder() {
 /// The length of lock `name`'s fair queue, as Redis holds it.
 async fn queue_len(redis: &Redis, name: &str) -> i64 {
     query(
-        &mut raw(&redis.url()).await,
+        &mut raw(&redis.url_as(ADMIN)).await,
         redis::cmd("LLEN").arg(queue_key(name)),
     )
     .await
@@ -329,7 +334,7 @@ async fn fair_waiters_are_granted_in_the_order_they_queued() {
 /// asks again at once. Fair, it queues behind the waiter that was there.
 #[tokio::test]
 async fn a_fair_holder_that_asks_again_at_once_queues_behind_the_waiter() {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     let (first, second) = (service(&redis).await, service(&redis).await);
     fair::a_fair_holder_that_asks_again_at_once_queues_behind_the_waiter(&first, &second, &redis)
         .await;
@@ -337,7 +342,7 @@ async fn a_fair_holder_that_asks_again_at_once_queues_behind_the_waiter() {
 
 #[tokio::test]
 async fn a_dead_fair_waiter_is_skipped_once_its_place_lapses() {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     // Places last 4 × 100 ms without renewal.
     let fallback = Duration::from_millis(100);
     let holder = service(&redis).await;
@@ -366,6 +371,55 @@ async fn a_dead_fair_waiter_is_skipped_once_its_place_lapses() {
     granted.release().await.unwrap();
 }
 
+/// A waiter whose future stops being polled in the middle of opening the
+/// pub/sub connection (a task stuck elsewhere; here the test stops polling
+/// it while the proxy holds the connection's first bytes) must not hold up
+/// the next waiter of the same service: when the subscription ran in the
+/// waiter's own future under the service's lock, the second waiter queued
+/// for that lock after its first refusal and was never granted, past its own
+/// wait.
+#[tokio::test]
+async fn a_waiter_stopped_mid_subscribe_does_not_hold_up_the_next_waiter() {
+    let redis = secured().await;
+    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into())
+        .await
+        .unwrap();
+    let svc = RedisLock::connect(&via_proxy(
+        &redis.url_as(WORKER),
+        redis.port(),
+        proxy.port(),
+    ))
+    .await
+    .unwrap();
+    let ttl = Duration::from_secs(30);
+    let lease = held(&service(&redis).await, "page", ttl).await;
+    let mut first = Box::pin(svc.acquire("page", ttl, Duration::from_secs(60)));
+    tokio::select! {
+        r = &mut first => panic!("the first waiter was granted: {r:?}"),
+        () = redis.wait_queued("page", 1) => {}
+    }
+    // Refused and queued: what it sends next opens its subscription.
+    proxy.set_mode(Mode::Hold);
+    let subscribing = async {
+        while proxy.bytes_delayed() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::select! {
+        r = &mut first => panic!("the first waiter ended: {r:?}"),
+        () = subscribing => {}
+        () = tokio::time::sleep(Duration::from_secs(10)) => panic!("the first waiter sent nothing"),
+    }
+    // From here on it is never polled again (until the end of the test).
+    proxy.set_mode(Mode::Pass);
+    let second = spawn_acquire(&svc, "page", ttl, Duration::from_secs(10));
+    redis.wait_queued("page", 2).await;
+    lease.release().await.unwrap();
+    let why = "the second waiter is granted once the stopped one's place lapses";
+    granted(second, why).await.release().await.unwrap();
+    drop(first);
+}
+
 #[tokio::test]
 async fn a_fair_waiter_that_gives_up_leaves_the_queue() {
     let (redis, holder) = started().await;
@@ -376,7 +430,7 @@ async fn a_fair_waiter_that_gives_up_leaves_the_queue() {
 
 #[tokio::test]
 async fn a_reentrant_owner_takes_the_lock_again_with_the_same_token_until_its_last_release() {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     let fair = service(&redis).await.with_client_id("alice").unwrap();
     reentrant_claims(&redis, fair.clone(), "page").await;
     reentrant_claims(&redis, fair.non_fair(), "other").await;
@@ -422,7 +476,7 @@ async fn reentrant_claims(redis: &Redis, svc: RedisLock, name: &str) {
 
 #[tokio::test]
 async fn a_late_release_of_an_expired_reentrant_grant_does_not_count_down_the_next_one() {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     let owner = service(&redis).await.reentrant();
     let ttl = Duration::from_millis(300);
     let old = owner
@@ -445,7 +499,7 @@ async fn a_late_release_of_an_expired_reentrant_grant_does_not_count_down_the_ne
 
 #[tokio::test]
 async fn holder_lookup_names_non_fair_and_reentrant_holders() {
-    let redis = Redis::start().await;
+    let redis = secured().await;
     let svc = service(&redis).await.with_client_id("bob").unwrap();
     for (i, variant) in [
         svc.clone().non_fair(),
@@ -499,7 +553,7 @@ async fn reentrant_handles_exclude_each_other_under_contention() {
 /// The `count` field of `lock:{N}`; `None` when the hash is gone.
 async fn count(redis: &Redis, name: &str) -> Option<i64> {
     query(
-        &mut raw(&redis.url()).await,
+        &mut raw(&redis.url_as(ADMIN)).await,
         redis::cmd("HGET").arg(lock_key(name)).arg("count"),
     )
     .await

@@ -1,5 +1,7 @@
 //! The Sentinel backend against a real group: a master, its replica and three
-//! sentinels (harness::SentinelGroup).
+//! sentinels (harness::SentinelGroup), with ACL users everywhere: the replica
+//! and the sentinels authenticate, the locks log in as the lock client's
+//! user (`worker`) on the sentinels and the master, the tests as `admin`.
 
 use std::time::Duration;
 
@@ -9,12 +11,12 @@ use fencelock::{AcquireOptions, HolderLookup, Lease, LockError, LockService};
 use harness::SentinelGroup;
 
 use crate::support::holder_of;
-use crate::support::redis::{connections_received, query, raw};
+use crate::support::redis::{connections_received, query, raw, ADMIN, WORKER};
 
 const FAILOVER: Duration = Duration::from_secs(30);
 
 async fn client(group: &SentinelGroup, id: &str) -> RedisSentinelLock {
-    RedisSentinelLock::connect(&group.sentinel_addrs(), group.master_name())
+    RedisSentinelLock::connect(&group.sentinel_addrs_as(WORKER), group.master_name())
         .await
         .expect("connect through the sentinels")
         .with_client_id(id)
@@ -39,7 +41,7 @@ async fn granted_to(group: &SentinelGroup, id: &str, name: &str) -> (RedisSentin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_that_loses_a_grant_hands_the_lock_and_its_token_to_a_second_client() {
-    let mut group = SentinelGroup::start().await;
+    let mut group = SentinelGroup::start_with_acl().await;
     let a = client(&group, "a").await;
     // A storage's lookup, connected before the failover (as a gateway's is).
     let storage = client(&group, "storage").await;
@@ -101,7 +103,7 @@ async fn a_failover_that_loses_a_grant_hands_the_lock_and_its_token_to_a_second_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_refuses_and_releases_a_grant_that_no_replica_acknowledged() {
-    let mut group = SentinelGroup::start().await;
+    let mut group = SentinelGroup::start_with_acl().await;
     // 2 s: long enough for an in-sync replica's acknowledgement on a loaded
     // machine (200 ms was not, in CI, with the other tests' groups
     // starting), and the frozen replica's refusal still comes within it.
@@ -129,7 +131,7 @@ async fn wait_refuses_and_releases_a_grant_that_no_replica_acknowledged() {
         other => panic!("expected Unavailable, got {other:?}"),
     }
     // Nothing is left on the master: the next client is not blocked.
-    let mut on_master = raw(&group.node_url(0)).await;
+    let mut on_master = raw(&group.node_url_as(0, ADMIN)).await;
     let key: Option<String> = query(&mut on_master, redis::cmd("GET").arg(lock_key("y"))).await;
     assert_eq!(key, None);
     group.thaw(1);
@@ -167,9 +169,9 @@ async fn no_sentinel_answering_is_unavailable_at_once_and_a_bad_list_is_invalid(
 /// asking again on the connection that stopped answering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
-    let mut group = SentinelGroup::start().await;
+    let mut group = SentinelGroup::start_with_acl().await;
     let storage = client(&group, "storage").await;
-    let mut admin = raw(&group.node_url(0)).await;
+    let mut admin = raw(&group.node_url_as(0, ADMIN)).await;
     assert_eq!(storage.current_holder("page").await, Ok(None));
     group.freeze(0);
     let abandoned =
@@ -194,10 +196,11 @@ async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
 /// lookup asking only the first answering sentinel reads (the holder: none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_follows_the_sentinel_that_knows_the_latest_failover() {
-    let group = SentinelGroup::start().await;
-    let stale = SentinelGroup::start().await;
+    let group = SentinelGroup::start_with_acl().await;
+    let stale = SentinelGroup::start_with_acl().await;
     // A failover in `group` (its epoch becomes 1), asked of one sentinel.
-    let mut sentinel = raw(&format!("redis://{}/", group.sentinel_addrs()[0])).await;
+    let admin = &group.sentinel_addrs_as(ADMIN)[0];
+    let mut sentinel = raw(&format!("redis://{admin}/")).await;
     let failover = redis::cmd("SENTINEL")
         .arg("FAILOVER")
         .arg(group.master_name())
@@ -206,8 +209,8 @@ async fn a_lookup_follows_the_sentinel_that_knows_the_latest_failover() {
     group.wait_master(1, FAILOVER).await.unwrap();
 
     let (_b, lease) = granted_to(&group, "b", "x").await;
-    let mut list = vec![stale.sentinel_addrs()[0].clone()];
-    list.extend(group.sentinel_addrs());
+    let mut list = vec![stale.sentinel_addrs_as(WORKER)[0].clone()];
+    list.extend(group.sentinel_addrs_as(WORKER));
     let storage = RedisSentinelLock::connect(&list, group.master_name())
         .await
         .unwrap();

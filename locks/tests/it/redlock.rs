@@ -6,6 +6,9 @@
 //! client does what a client inside a long GC pause does, trust the validity it
 //! was given. TTLs are a few seconds so the suite stays fast; the "two holders"
 //! demonstrations never wait for a TTL.
+//!
+//! The masters have ACL users: the clients log in as the lock client's user
+//! (`worker`), the tests look at the keys as `admin`.
 
 use std::time::Duration;
 
@@ -14,7 +17,7 @@ use fencelock::{AcquireOptions, Fencing, Lease, LockError, LockService};
 use harness::{free_port, wait_until, Persistence, Redis};
 use tokio::time::Instant;
 
-use crate::support::redis::{query, raw};
+use crate::support::redis::{query, raw, ADMIN, WORKER};
 use crate::support::{assert_timeout, held, held_with};
 
 /// Per-node timeout used by these tests: well below every TTL here, and well
@@ -24,13 +27,14 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(100);
 async fn start_nodes(n: usize, persistence: Persistence) -> Vec<Redis> {
     let mut nodes = Vec::with_capacity(n);
     for _ in 0..n {
-        nodes.push(Redis::start_with(persistence).await);
+        nodes.push(Redis::start_with_acl(persistence).await);
     }
     nodes
 }
 
+/// The nodes' URLs as the lock client's user.
 fn urls(nodes: &[Redis]) -> Vec<String> {
-    nodes.iter().map(Redis::url).collect()
+    nodes.iter().map(|n| n.url_as(WORKER)).collect()
 }
 
 async fn client(urls: &[String]) -> Redlock {
@@ -147,14 +151,14 @@ async fn connect_needs_a_majority_but_tolerates_a_minority_down() {
     let nodes = start_nodes(3, Persistence::None).await;
     let down = || format!("redis://127.0.0.1:{}/", free_port());
 
-    let minority_down = vec![nodes[0].url(), nodes[1].url(), down()];
+    let minority_down = vec![nodes[0].url_as(WORKER), nodes[1].url_as(WORKER), down()];
     let c = client(&minority_down).await;
     // Two of three nodes grant.
     let options = AcquireOptions::new(Duration::from_secs(2)).wait(Duration::from_secs(1));
     let lease = held_with(&c, "minority-down", options).await;
     lease.release().await.expect("release");
 
-    let majority_down = vec![nodes[0].url(), down(), down()];
+    let majority_down = vec![nodes[0].url_as(WORKER), down(), down()];
     match Redlock::connect(&majority_down).await {
         Err(LockError::Unavailable { service, .. }) => assert_eq!(service, ISSUER),
         other => panic!("expected Unavailable, got {:?}", other.map(|_| ())),
@@ -194,7 +198,7 @@ async fn failed_acquisition_releases_the_nodes_it_took() {
     let key = key_of("partial");
     for node in &nodes[1..] {
         let _: () = query(
-            &mut raw(&node.url()).await,
+            &mut raw(&node.url_as(ADMIN)).await,
             redis::cmd("SET")
                 .arg(&key)
                 .arg("someone-else")
@@ -229,7 +233,7 @@ async fn renewal_extends_on_a_majority_and_refusal_loses_the_lease() {
     let validity = lease.renew().await.expect("renew while held");
     assert!(validity <= ttl - drift_of(ttl), "{validity:?}");
     let pttl: i64 = query(
-        &mut raw(&nodes[0].url()).await,
+        &mut raw(&nodes[0].url_as(ADMIN)).await,
         redis::cmd("PTTL").arg(key_of("renew")),
     )
     .await;
@@ -238,7 +242,7 @@ async fn renewal_extends_on_a_majority_and_refusal_loses_the_lease() {
     // Somebody else's key on a majority: the next renewal is refused.
     for node in &nodes[..2] {
         let _: () = query(
-            &mut raw(&node.url()).await,
+            &mut raw(&node.url_as(ADMIN)).await,
             redis::cmd("SET").arg(key_of("renew")).arg("thief"),
         )
         .await;
@@ -308,7 +312,7 @@ async fn minority_partition_still_grants_with_validity_reduced_by_the_wait() {
     // Now C, the third vote, is slow too (busy for 300 ms): the grant has to
     // wait for it, and the validity shrinks by that wait.
     let busy = Duration::from_millis(300);
-    let mut on_c = raw(&nodes[2].url()).await;
+    let mut on_c = raw(&nodes[2].url_as(ADMIN)).await;
     let hog = tokio::spawn(async move {
         redis::cmd("EVAL")
             .arg(BUSY_SCRIPT)
@@ -371,7 +375,7 @@ async fn two_holders_after_clock_jump_on_one_node() {
     let ttl = Duration::from_secs(5);
     let (c1, first) = client_one_holds_a_bare_majority(&mut nodes, "jump", ttl).await;
 
-    let mut on_c = raw(&nodes[2].url()).await;
+    let mut on_c = raw(&nodes[2].url_as(ADMIN)).await;
     let expired: i64 = query(&mut on_c, redis::cmd("PEXPIRE").arg(key_of("jump")).arg(1)).await;
     assert_eq!(expired, 1, "C held client 1's key");
     wait_until(Duration::from_secs(2), || {

@@ -8,9 +8,15 @@ local function extend(key, ms)
 end
 
 -- Grant the free lock: the fence counter's next value is the token, minted
--- in this same step, and the hash names the owner.
+-- in this same step, and the hash names the owner. A counter that cannot be
+-- incremented (at 2^63-1, or not a number: written by hand) refuses every
+-- grant of this lock, with an error that says so.
 local function grant(lock, fence, owner, ttl)
-  redis.call('INCR', fence)
+  local minted = redis.pcall('INCR', fence)
+  if type(minted) == 'table' and minted.err then
+    return redis.error_reply('FENCE the counter ' .. fence .. ' cannot mint another token ('
+      .. minted.err .. '): no grant of this lock until an operator repairs it')
+  end
   local token = redis.call('GET', fence)
   redis.call('HSET', lock, 'token', token, 'owner', owner, 'count', 1)
   redis.call('PEXPIRE', lock, ttl)

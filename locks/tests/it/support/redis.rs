@@ -1,8 +1,21 @@
-//! Plain connections to a Redis server, to look at (or tamper with) what a
-//! lock wrote there.
+//! Redis servers as the lock tests run them (with ACL users: the locks log
+//! in as the lock client's user), and plain connections to look at (or
+//! tamper with) what a lock wrote there.
 
+use harness::redis_acl;
+use harness::{Persistence, Redis};
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, FromRedisValue};
+
+/// The lock client's ACL user (the worker's).
+pub const WORKER: &str = redis_acl::WORKER.name;
+/// The operator's ACL user: what the tests read and tamper with as.
+pub const ADMIN: &str = redis_acl::ADMIN.name;
+
+/// A Redis server of the test's own, with ACL users and no persistence.
+pub async fn secured() -> Redis {
+    Redis::start_with_acl(Persistence::None).await
+}
 
 /// A plain connection to the server at `url`.
 pub async fn raw(url: &str) -> MultiplexedConnection {
