@@ -23,7 +23,7 @@
 //! one, accepted (marked `stale`) with the edits acknowledged in the meantime
 //! gone from the page. And a worker's own database login cannot move a
 //! fence behind the gateway's back, nor an anonymous client plant a
-//! ZooKeeper holder.
+//! ZooKeeper holder, nor the workers' Redis user write outside the locks.
 
 use std::time::Duration;
 
@@ -158,6 +158,18 @@ fn straggler_is_refused_by_the_fence_and_loses_an_update_without_it() {
     assert!(
         planted.contains("Insufficient permission : /fencing/locks/planted"),
         "an anonymous client created a lock node: {planted}"
+    );
+    // Redis: the workers' user may touch the lock's keys only.
+    let redis = env
+        .lines()
+        .find_map(|l| l.strip_prefix("REDIS_URL="))
+        .expect("worker-1 has a REDIS_URL");
+    let refused = stack.sh(&format!(
+        "redis-cli --no-auth-warning -u '{redis}' set pages:demo planted 2>&1"
+    ));
+    assert!(
+        refused.contains("NOPERM"),
+        "the workers' Redis user wrote outside the lock's keys: {refused}"
     );
 }
 

@@ -383,9 +383,15 @@ fn every_healthcheck_asks_what_its_service_is_for() {
             (_, Some("zookeeper")) => "zkServer.sh status".into(),
             (_, Some("haproxy")) => "bash -c exec 3<>/dev/tcp/127.0.0.1/8080".into(),
             (_, Some("redis")) if command_text(service).contains("redis-sentinel") => {
-                "redis-cli -p 26379 sentinel get-master-addr-by-name mymaster | grep -q .".into()
+                "redis-cli -p 26379 --no-auth-warning --user admin --pass demo-redis-admin-not-secret \
+                 sentinel get-master-addr-by-name mymaster | grep -q ."
+                    .into()
             }
-            (_, Some("redis")) => "redis-cli ping".into(),
+            // As the admin: anonymous clients get NOAUTH.
+            (_, Some("redis")) => {
+                "redis-cli --no-auth-warning --user admin --pass demo-redis-admin-not-secret ping"
+                    .into()
+            }
             other => panic!("{name}: no expected healthcheck for {other:?}"),
         };
         assert_eq!(got, want, "{name}");

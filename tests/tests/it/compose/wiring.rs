@@ -51,7 +51,8 @@ fn endpoints(name: &str, value: &str) -> Vec<(String, u16)> {
     match name {
         "GATEWAY_LISTEN" => Vec::new(),
         "ZOOKEEPER_CONNECT" => host_list(value, 2181),
-        "REDIS_SENTINELS" => host_list(value, 26379),
+        // `user:password@` once, before the first sentinel.
+        "REDIS_SENTINELS" => host_list(value.rsplit_once('@').map_or(value, |(_, h)| h), 26379),
         "REDLOCK_URLS" => value.split(',').flat_map(url_endpoints).collect(),
         "GATEWAY_ISSUERS" => value
             .split_whitespace()
