@@ -53,6 +53,7 @@ const CONNECTION_VARS: &[&str] = &[
     "GATEWAY_LISTEN",
     "GATEWAY_ISSUERS",
     "GATEWAY_SETUP_ZOOKEEPER_URL",
+    "GATEWAY_SETUP_MYSQL_URL",
 ];
 
 /// Variables naming a file: in compose a secret under /run/secrets/, in
@@ -111,8 +112,24 @@ fn scalar(v: &Value) -> String {
     }
 }
 
-/// A service's environment after interpolation.
+/// A service's environment after interpolation, as its binary sees it: the
+/// file SECRETS_FILE names (a secret) read in, without overriding.
 fn environment(service: &Value, vars: &BTreeMap<&str, &str>) -> BTreeMap<String, String> {
+    let mut env = raw_environment(service, vars);
+    if let Some(path) = env.remove("SECRETS_FILE") {
+        let file = secret_file(&compose(), service, &path);
+        let lines = dotenvy::from_path_iter(&file)
+            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        for line in lines {
+            let (key, value) = line.unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            env.entry(key).or_insert(value);
+        }
+    }
+    env
+}
+
+/// A service's environment as compose.yaml writes it, after interpolation.
+fn raw_environment(service: &Value, vars: &BTreeMap<&str, &str>) -> BTreeMap<String, String> {
     let Some(env) = service.get("environment") else {
         return BTreeMap::new();
     };

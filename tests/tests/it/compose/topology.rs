@@ -383,15 +383,17 @@ fn every_healthcheck_asks_what_its_service_is_for() {
             (_, Some("zookeeper")) => "zkServer.sh status".into(),
             (_, Some("haproxy")) => "bash -c exec 3<>/dev/tcp/127.0.0.1/8080".into(),
             (_, Some("redis")) if command_text(service).contains("redis-sentinel") => {
-                "redis-cli -p 26379 --no-auth-warning --user admin --pass demo-redis-admin-not-secret \
-                 sentinel get-master-addr-by-name mymaster | grep -q ."
-                    .into()
+                format!(
+                    "redis-cli -p 26379 --no-auth-warning --user admin --pass {} \
+                     sentinel get-master-addr-by-name mymaster | grep -q .",
+                    admin_password("redis-sentinel")
+                )
             }
             // As the admin: anonymous clients get NOAUTH.
-            (_, Some("redis")) => {
-                "redis-cli --no-auth-warning --user admin --pass demo-redis-admin-not-secret ping"
-                    .into()
-            }
+            (_, Some("redis")) => format!(
+                "redis-cli --no-auth-warning --user admin --pass {} ping | grep -q PONG",
+                admin_password("redis-users")
+            ),
             other => panic!("{name}: no expected healthcheck for {other:?}"),
         };
         assert_eq!(got, want, "{name}");
@@ -448,4 +450,10 @@ fn every_down_in_the_docs_removes_the_profiles_and_the_volumes() {
             "`{down}` leaves the anonymous volumes (the data of postgres, mariadb, zookeeper)"
         );
     }
+}
+
+/// The shell words that read the Redis admin's password from the secret
+/// `name` in a healthcheck.
+fn admin_password(name: &str) -> String {
+    format!("\"$$(sed -n 's/^user admin on >\\([^ ]*\\).*/\\1/p' /run/secrets/{name})\"")
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use harness::stack::repo;
 
-use super::{compose, defaults, published, running, secret_file, services};
+use super::{compose, defaults, published, raw_environment, running, secret_file, services};
 
 /// The issuers the fenced gateway must trust: every backend with a token.
 const ISSUERS: [&str; 5] = [
@@ -118,7 +118,11 @@ fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_tutorial_says(
             BTreeSet::from(ISSUERS),
             "the fenced gateway trusts every backend with a token, and only those"
         );
-        assert_eq!(issuers["redis"], worker["REDIS_URL"]);
+        // Redis as the gateways' read-only user, the workers as theirs.
+        let (issuer_login, issuer_redis) = login_and_rest(issuers["redis"]);
+        let (worker_login, worker_redis) = login_and_rest(&worker["REDIS_URL"]);
+        assert_eq!(issuer_redis, worker_redis);
+        assert_eq!((issuer_login, worker_login), ("gateway", "worker"));
         // ZooKeeper as the gateways' own (read-only) user.
         let (zk_login, zk_hosts) = login_and_rest(issuers["zookeeper"]);
         assert_eq!(zk_login, "gateway");
@@ -129,12 +133,20 @@ fn every_writer_sends_its_own_key_and_the_gateways_check_what_the_tutorial_says(
             3,
             "the workers connect to all three ZooKeeper servers"
         );
+        let (issuer_login, sentinels) = login_and_rest(issuers["redis-sentinel"]);
+        let (worker_login, worker_sentinels) = worker["REDIS_SENTINELS"]
+            .split_once('@')
+            .expect("the workers' Redis user before the sentinels");
         assert_eq!(
-            issuers["redis-sentinel"],
-            format!(
-                "redis-sentinel://{}/{}",
-                worker["REDIS_SENTINELS"], worker["REDIS_SENTINEL_MASTER"]
-            )
+            sentinels,
+            format!("{worker_sentinels}/{}", worker["REDIS_SENTINEL_MASTER"])
+        );
+        assert_eq!(
+            (
+                issuer_login,
+                worker_login.split(':').next().unwrap_or_default()
+            ),
+            ("gateway", "worker")
         );
         // The same lease table, each with its own login: the issuer's reads.
         let (issuer_login, issuer_table) = login_and_rest(issuers["lease-postgres"]);
@@ -159,4 +171,35 @@ fn login_and_rest(url: &str) -> (&str, &str) {
     let (_, rest) = url.split_once("://").expect("a URL");
     let (userinfo, rest) = rest.split_once('@').expect("a login");
     (userinfo.split(':').next().unwrap_or_default(), rest)
+}
+
+/// Whether `value` carries a password: a URL's `user:password@` (one URL
+/// or a list), or a digest `user:password`.
+fn holds_password(key: &str, value: &str) -> bool {
+    (key.ends_with("_AUTH") && value.contains(':'))
+        || value.split([' ', ',']).any(|part| {
+            let rest = part.split_once("://").map_or(part, |(_, r)| r);
+            rest.split_once('@')
+                .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+        })
+}
+
+#[test]
+fn compose_yaml_passes_no_login_in_the_clear_the_secrets_files_do() {
+    assert!(holds_password("X", "redis://u:p@h:1"));
+    assert!(holds_password("X", "a=redis://h:1 b=postgres://u:p@h/db"));
+    assert!(holds_password("X", "u:p@s1:26379,s2:26379"));
+    assert!(holds_password("ZOOKEEPER_AUTH", "u:p"));
+    assert!(!holds_password("X", "redis://h:1"));
+    assert!(!holds_password("GATEWAY_AUTH", "required"));
+    assert!(!holds_password("ZOOKEEPER_ADMIN_ID", "admin:digest="));
+    for (name, service) in services(&compose()) {
+        for (key, value) in raw_environment(&service, &BTreeMap::new()) {
+            assert!(
+                !holds_password(&key, &value),
+                "{name}: {key} passes a password in compose.yaml: put it in the service's \
+                 demo/secrets/<service>.env (SECRETS_FILE)"
+            );
+        }
+    }
 }
