@@ -196,6 +196,7 @@ mod install;
 #[cfg(feature = "lease-mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lease-mysql")))]
 pub mod mysql;
+mod options;
 #[cfg(feature = "lease-postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lease-postgres")))]
 pub mod postgres;
@@ -208,6 +209,7 @@ pub use install::install_mysql;
 #[cfg(feature = "lease-postgres")]
 pub use install::install_postgres;
 pub use install::Install;
+pub use options::LeaseTableOptions;
 use queue::Contended;
 
 pub const ISSUER_POSTGRES: &str = "lease-postgres";
@@ -235,67 +237,6 @@ const KNOWN_ROWS: usize = 4096;
 const LONGEST_SUFFIX: &str = "_release_light";
 /// The longest a table name can be.
 const MAX_TABLE_NAME: usize = 63 - LONGEST_SUFFIX.len();
-
-/// How to set up a [`LeaseTable`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseTableOptions {
-    table: String,
-    create_table: bool,
-    max_connections: u32,
-    read_only: bool,
-}
-
-impl Default for LeaseTableOptions {
-    fn default() -> Self {
-        Self {
-            table: DEFAULT_TABLE.into(),
-            create_table: true,
-            max_connections: MAX_CONNECTIONS,
-            read_only: false,
-        }
-    }
-}
-
-impl LeaseTableOptions {
-    /// The table's name: `[A-Za-z_][A-Za-z0-9_]*`, at most 49 bytes (checked
-    /// by the constructor, since it is written into the SQL; its queue table
-    /// adds `_waiters`, its functions `_<verb>`, up to `_release_light`).
-    pub fn table(mut self, name: impl Into<String>) -> Self {
-        self.table = name.into();
-        self
-    }
-
-    /// Whether the constructor installs the tables and their functions when
-    /// they are missing or from another version (default true; see "The
-    /// tables and their functions"). Turn it off when your own migrations
-    /// create them from [`postgres::Statements::ddl`] or
-    /// [`mysql::Statements::ddl`], or [`install_postgres`] /
-    /// [`install_mysql`] does.
-    pub fn create_table(mut self, on: bool) -> Self {
-        self.create_table = on;
-        self
-    }
-
-    /// Size of the connection pool (default 16). Waiting takes connections
-    /// too: PostgreSQL keeps one for `LISTEN` once somebody waited; on
-    /// MariaDB every held lease keeps one (its bell) and every waiter uses
-    /// one while it waits.
-    pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n.max(1);
-        self
-    }
-
-    /// A holder lookup for a login that may only read the lease table
-    /// (default false; SELECT, as [`Install::reader`] grants): the table's
-    /// own `select`, nothing created; until the table exists it answers
-    /// that nothing was granted (and warns). Not for taking locks: the
-    /// database refuses them. See [`LeaseTable::postgres_reader`],
-    /// [`LeaseTable::mysql_reader`].
-    pub fn read_only(mut self, on: bool) -> Self {
-        self.read_only = on;
-        self
-    }
-}
 
 impl LeaseTableOptions {
     /// Check the table's name, then connect a pool to `url`. No ping before

@@ -126,7 +126,7 @@ impl Roles {
 }
 
 /// How a [`ZooKeeperLock`](super::ZooKeeperLock)'s session authenticates,
-/// and the ACLs of the nodes it creates. See the [module](self) for the
+/// and the ACLs of the nodes it creates. See the [module](crate::zookeeper) for the
 /// ACL of each node.
 #[derive(Clone, Default)]
 pub struct Access {
@@ -255,7 +255,7 @@ impl fmt::Debug for Access {
 /// Prepare ZooKeeper for lock clients with credentials, as `admin`
 /// (idempotent: run it at every deployment): `/` read-only for anyone;
 /// `/fencing` and the two roots created, or their ACLs set, as the
-/// [module](self) says; and the ACL of every lock's parent already in the
+/// [module](crate::zookeeper) says; and the ACL of every lock's parent already in the
 /// roots reset (a parent created before, open or by a client that chose
 /// its own ACL).
 ///
