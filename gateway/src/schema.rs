@@ -12,12 +12,46 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations/postgres");
 /// Apply the migrations (idempotent; safe to run from several processes at
 /// once, sqlx takes an advisory lock). Needs the owner's rights.
 pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
+    accept_reworded(db).await?;
     MIGRATOR.run(db).await.map_err(|e| {
         anyhow::anyhow!(
             "run migrations: {e} (run `gateway setup` with the URL of the role that owns the \
              page tables)"
         )
     })
+}
+
+/// Migrations whose files changed in their comments only since some
+/// databases applied them: the version and the checksum (SHA-384, hex) it
+/// was applied with. sqlx checksums the whole file, comments included.
+pub const REWORDED: &[(i64, &str)] = &[(
+    4,
+    "7efa5e80614441e890d1f34949d80578e45374e2bc89f1c51baef945e9a9c53f1dc197c86736e91c836f7618faba5dca",
+)];
+
+/// Give a reworded migration's row this build's checksum, so that the
+/// migrator does not refuse the database for a comment.
+async fn accept_reworded(db: &PgPool) -> anyhow::Result<()> {
+    for (version, old) in REWORDED {
+        let Some(m) = MIGRATOR.iter().find(|m| m.version == *version) else {
+            continue;
+        };
+        let updated = sqlx::query(
+            "update _sqlx_migrations set checksum = $1 where version = $2 and checksum = decode($3, 'hex')",
+        )
+        .bind(&*m.checksum)
+        .bind(version)
+        .bind(old)
+        .execute(db)
+        .await;
+        match updated {
+            Ok(_) => {}
+            // No migration applied yet: nothing to accept.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => return Ok(()),
+            Err(e) => anyhow::bail!("accept reworded migration {version}: {e}"),
+        }
+    }
+    Ok(())
 }
 
 /// What [`check`] found wrong.

@@ -1,4 +1,4 @@
--- Issue 12 (Trust): an operator may set a page's fence through the admin
+-- An operator may set a page's fence through the admin
 -- endpoint (`POST /admin/pages/{id}/fence`), which writes a history row with
 -- method 'ADMIN', outcome 'fence_set' and client_id 'admin:<name>'. This
 -- column keeps the reason the operator gave, so that the history says why a

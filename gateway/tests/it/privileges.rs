@@ -382,3 +382,23 @@ async fn the_serving_gateway_does_not_migrate_and_says_to_run_setup() {
         .unwrap();
     gateway::spawn_with_options(&url, options).await.unwrap();
 }
+
+#[tokio::test]
+async fn setup_accepts_a_database_migrated_before_a_migration_was_reworded() {
+    let url = harness::fresh_database().await;
+    let db = gateway::connect(&url, 1).await.unwrap();
+    gateway::schema::migrate(&db).await.unwrap();
+    let (version, old) = gateway::schema::REWORDED[0];
+    sqlx::query("update _sqlx_migrations set checksum = decode($1, 'hex') where version = $2")
+        .bind(old)
+        .bind(version)
+        .execute(&db)
+        .await
+        .unwrap();
+    // As a database migrated before the rewording: the serving check refuses it...
+    let err = gateway::schema::check(&db).await.unwrap_err().to_string();
+    assert!(err.contains("other contents"), "{err}");
+    // ...and setup, which the refusal asks for, accepts it.
+    gateway::schema::migrate(&db).await.unwrap();
+    gateway::schema::check(&db).await.unwrap();
+}
