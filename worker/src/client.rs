@@ -238,6 +238,9 @@ impl GatewayError {
     }
 }
 
+/// How long an idle connection to the gateway may be reused.
+pub const IDLE_CONNECTION_REUSE: Duration = Duration::from_secs(5);
+
 /// A client of one gateway. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct GatewayClient {
@@ -252,6 +255,10 @@ impl GatewayClient {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(10))
+            // Below the gateway's keep-alive (10 s by default): after a
+            // longer pause (the straggler's SIGSTOP) the gateway has closed
+            // the idle connection, and reusing it fails the PUT.
+            .pool_idle_timeout(IDLE_CONNECTION_REUSE)
             .build()
             .map_err(|e| GatewayError::Protocol {
                 detail: format!("cannot build the HTTP client: {e}"),

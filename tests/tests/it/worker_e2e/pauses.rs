@@ -191,3 +191,14 @@ async fn token_counter_reset_by_a_redis_restart_is_named_as_such() {
     assert!(message.contains("docs/OPERATIONS.md"), "{message}");
     ran(&mut after).await.exits(0).counts(&[("rejected", 1)]);
 }
+
+/// A worker paused longer than the gateway keeps an idle connection (the
+/// straggler) must not send its PUT down the connection the gateway closed
+/// meanwhile: it stops reusing one well before the gateway's default.
+#[test]
+fn the_worker_drops_idle_connections_before_the_gateway_closes_them() {
+    assert!(
+        worker::client::IDLE_CONNECTION_REUSE < gateway::server::DEFAULT_HEADER_READ_TIMEOUT,
+        "the worker reuses connections the gateway may have closed"
+    );
+}
