@@ -167,6 +167,8 @@ macro_rules! holder_lookup {
         }
     };
 }
+// Sentinel implements the lookup with it too.
+#[cfg_attr(not(feature = "redis-sentinel"), allow(unused_imports))]
 pub(super) use holder_lookup;
 
 holder_lookup!(RedisLock);
