@@ -36,15 +36,22 @@ fn ms<E>(d: &Result<Duration, E>) -> String {
 }
 
 impl Soak {
-    /// Inject faults one after another until the deadline.
+    /// Inject faults one after another until the deadline, and past it
+    /// until each kind was injected once: on a loaded machine the first pass
+    /// alone can take longer than a short soak.
     pub(super) async fn inject_faults(&mut self) {
         let mut first_pass: Vec<Fault> = self.kinds.clone();
         first_pass.shuffle(&mut self.rng);
-        while Instant::now() < self.deadline {
+        while Instant::now() < self.deadline || !first_pass.is_empty() {
             let gap = Duration::from_millis(self.rng.random_range(500..=3000));
-            tokio::time::sleep(gap.min(self.deadline.saturating_duration_since(Instant::now())))
-                .await;
-            if Instant::now() >= self.deadline {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            tokio::time::sleep(if first_pass.is_empty() {
+                gap.min(left)
+            } else {
+                gap
+            })
+            .await;
+            if Instant::now() >= self.deadline && first_pass.is_empty() {
                 break;
             }
             let fault = match first_pass.pop() {

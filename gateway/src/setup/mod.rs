@@ -216,6 +216,31 @@ pub async fn run(database_url: &str, options: &SetupOptions) -> anyhow::Result<S
         .map_err(|e| anyhow::anyhow!("{}", scrub_secrets_all(&format!("{e:#}"), urls)))
 }
 
+/// `url` naming only the server `connected` reached, the one that accepts
+/// writes: the lease table's install connects with sqlx, which does not
+/// parse a multi-host URL (`h1:5432,h2:5432`). Other URLs stay as they are.
+fn writable_url(url: &str, connected: &sqlx::postgres::PgConnectOptions) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (login, hosts) = match authority.rsplit_once('@') {
+        Some((login, hosts)) => (format!("{login}@"), hosts),
+        None => (String::new(), authority),
+    };
+    if !hosts.contains(',') {
+        return url.to_owned();
+    }
+    let host = connected.get_host();
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    };
+    format!("{scheme}://{login}{host}:{}{tail}", connected.get_port())
+}
+
 async fn steps(database_url: &str, options: &SetupOptions) -> anyhow::Result<SetupReport> {
     let mut report = SetupReport::default();
     let db = crate::connect_patiently(database_url, options.patience).await?;
@@ -230,7 +255,8 @@ async fn steps(database_url: &str, options: &SetupOptions) -> anyhow::Result<Set
         report
             .steps
             .push(format!("grants: {}", grants::summary(&options.roles)));
-        lease::install_postgres(&db, database_url, &options.lease_table, &options.roles)
+        let writable = writable_url(database_url, &db.connect_options());
+        lease::install_postgres(&db, &writable, &options.lease_table, &options.roles)
             .await
             .with_context(|| format!("lease table {} (PostgreSQL)", options.lease_table))?;
         report.steps.push(format!(
@@ -258,4 +284,25 @@ async fn steps(database_url: &str, options: &SetupOptions) -> anyhow::Result<Set
     .await;
     db.close().await;
     result.map(|()| report)
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::postgres::PgConnectOptions;
+
+    use super::writable_url;
+
+    #[test]
+    fn a_multi_host_url_names_the_server_that_was_reached() {
+        let reached = PgConnectOptions::new().host("10.0.0.2").port(5433);
+        assert_eq!(
+            writable_url(
+                "postgres://owner:pw@10.0.0.1:5432,10.0.0.2:5433/pages?target_session_attrs=read-write",
+                &reached
+            ),
+            "postgres://owner:pw@10.0.0.2:5433/pages?target_session_attrs=read-write"
+        );
+        let single = "postgres://owner:pw@db:5432/pages";
+        assert_eq!(writable_url(single, &reached), single);
+    }
 }

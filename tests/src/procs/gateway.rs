@@ -73,7 +73,9 @@ impl GatewayProc {
 
     /// A gateway on `port` that knows the keys of `clients` (see [`api_key`])
     /// and, with its fence on, checks tokens with every one of `issuers`
-    /// (`Fencing-Issuer` name, URL).
+    /// (`Fencing-Issuer` name, URL). With several, a page whose id holds
+    /// `-<issuer>-` is that issuer's (the operator's choice, not the first
+    /// writer's: [`page_issuers`]).
     pub async fn spawn_for(
         database_url: &str,
         fencing: bool,
@@ -108,6 +110,9 @@ impl GatewayProc {
         if fencing {
             for (name, url) in issuers {
                 args.extend(["--issuer".to_string(), format!("{name}={url}")]);
+            }
+            if issuers.len() > 1 {
+                args.extend(["--page-issuers".to_string(), page_issuers(issuers)]);
             }
         }
         setup(database_url).await?;
@@ -194,7 +199,9 @@ end $$";
 /// superuser).
 pub async fn setup(database_url: &str) -> anyhow::Result<()> {
     use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(database_url)
+    // Roles are the cluster's: any server of a multi-host URL that accepts
+    // writes will do, and the harness names its primary first.
+    let mut conn = sqlx::PgConnection::connect(&first_host(database_url))
         .await
         .context("connect to create the gateway's roles")?;
     sqlx::query(ROLES)
@@ -217,6 +224,32 @@ pub async fn setup(database_url: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--page-issuers` for `issuers`: `*-<name>-*=<name>`, the longest name
+/// first, so that `redis` does not take `redis-sentinel`'s pages.
+pub fn page_issuers(issuers: &[(String, String)]) -> String {
+    let mut names: Vec<&str> = issuers.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_by_key(|n| std::cmp::Reverse(n.len()));
+    names
+        .iter()
+        .map(|n| format!("*-{n}-*={n}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `url` with only the first of its hosts (`h1:p1,h2:p2` → `h1:p1`): sqlx
+/// does not parse the multi-host form.
+fn first_host(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (login, hosts) = authority.rsplit_once('@').unwrap_or(("", authority));
+    let host = hosts.split(',').next().unwrap_or(hosts);
+    let at = if login.is_empty() { "" } else { "@" };
+    format!("{scheme}://{login}{at}{host}{tail}")
 }
 
 impl Drop for GatewayProc {
