@@ -3,8 +3,12 @@
 //! step through `tracing` on stderr.
 //!
 //! Every JSON line carries `event`, `client`, `page`, `ts` (unix ms) and, inside
-//! an edit, `edit` (its number). Lines are flushed one by one, so a reader that
-//! SIGSTOPs the worker at an event has really seen it.
+//! an edit, `edit` (its number).
+//!
+//! A thread of its own writes the lines, as another writes the logs
+//! ([`crate::log_writer`]): a reader that does not read never blocks the edit
+//! loop with a lock in hand. Past [`crate::log_writer::BUFFERED_LINES`]
+//! unread lines, new ones are dropped and counted.
 
 use fencelock::Token;
 use std::io::Write;
@@ -14,6 +18,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::config::EventsMode;
+use crate::log_writer::LogWriter;
 
 /// Where in an edit something happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -118,11 +123,17 @@ pub struct EventSink {
     client: String,
     page: String,
     out: Mutex<Box<dyn Write + Send>>,
+    /// The stdout writer's thread, flushed on drop.
+    writer: Option<LogWriter>,
 }
 
 impl EventSink {
+    /// Events on stdout, written by a thread of their own.
     pub fn stdout(mode: EventsMode, client: &str, page: &str) -> Self {
-        Self::new(mode, client, page, Box::new(std::io::stdout()))
+        let writer = LogWriter::new(std::io::stdout(), "worker-events");
+        let mut sink = Self::new(mode, client, page, Box::new(writer.writer()));
+        sink.writer = Some(writer);
+        sink
     }
 
     pub fn new(mode: EventsMode, client: &str, page: &str, out: Box<dyn Write + Send>) -> Self {
@@ -131,6 +142,7 @@ impl EventSink {
             client: client.to_string(),
             page: page.to_string(),
             out: Mutex::new(out),
+            writer: None,
         }
     }
 
@@ -140,10 +152,11 @@ impl EventSink {
         if self.mode == EventsMode::None {
             return;
         }
-        let line = self.render(edit, &event);
+        let mut line = self.render(edit, &event);
+        line.push('\n');
         let mut out = self.out.lock().expect("event sink mutex");
         // A closed stdout (reader gone) must not stop the work; the log has it.
-        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
     }
 
     fn render(&self, edit: Option<u64>, event: &Event) -> String {

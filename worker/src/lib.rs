@@ -9,6 +9,8 @@
 //! - [`workload`]: the edit loop ([`run`]): acquire, read, append, work,
 //!   lost-lock check, write, release.
 //! - [`events`]: JSONL events on stdout and the human logs beside them.
+//! - [`log_writer`]: the threads that write them, so an unread pipe never
+//!   blocks the edit loop.
 //! - [`hold`]: `worker lock` / `worker unlock`, a lock held from the command
 //!   line (the tutorial's curl writes use its token).
 
@@ -17,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod events;
 pub mod hold;
+pub mod log_writer;
 pub mod workload;
 
 pub use workload::run;

@@ -10,6 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 use worker::config::Config;
 use worker::hold::{LockCommand, UnlockCommand};
+use worker::log_writer::LogWriter;
 
 fn main() {
     if let Err(e) = worker::config::load_secrets_file() {
@@ -23,47 +24,59 @@ fn main() {
         Some("lock") => {
             let cmd = LockCommand::try_parse_args(std::env::args_os().skip(1))
                 .unwrap_or_else(|e| e.exit());
-            init_tracing();
+            let log = init_tracing();
             exit_on(
                 runtime().block_on(worker::hold::lock(cmd, shutdown_signal())),
                 |e| e.exit_code(),
+                log,
             )
         }
         Some("unlock") => {
             let cmd = UnlockCommand::parse_from(std::env::args_os().skip(1));
-            init_tracing();
-            exit_on(runtime().block_on(worker::hold::unlock(cmd)), |e| {
-                e.exit_code()
-            })
+            let log = init_tracing();
+            exit_on(
+                runtime().block_on(worker::hold::unlock(cmd)),
+                |e| e.exit_code(),
+                log,
+            )
         }
         _ => {
             let config = Config::parse();
-            init_tracing();
+            let log = init_tracing();
             exit_on(
                 runtime()
                     .block_on(worker::run(config, shutdown_signal()))
                     .map(|_| ()),
                 |e| e.exit_code(),
+                log,
             )
         }
     }
 }
 
-fn exit_on<E: std::fmt::Display>(result: Result<(), E>, code: impl Fn(&E) -> i32) {
+/// Exit with `code(e)` on an error, once the log is written out.
+fn exit_on<E: std::fmt::Display>(result: Result<(), E>, code: impl Fn(&E) -> i32, log: LogWriter) {
     if let Err(e) = result {
         tracing::error!("{e}");
+        drop(log);
         std::process::exit(code(&e));
     }
 }
 
-fn init_tracing() {
+/// Logs to stderr from a thread of their own (see [`worker::log_writer`]).
+fn init_tracing() -> LogWriter {
+    let log = LogWriter::new(std::io::stderr(), "worker-log");
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("worker=info")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer({
+            let queue = log.writer();
+            move || queue.clone()
+        })
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    log
 }
 
 // One edit at a time: a single-threaded runtime fits, and it spares the lock

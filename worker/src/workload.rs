@@ -714,7 +714,7 @@ impl Workload {
     }
 
     /// `--stop-self-at`: SIGSTOP this process once, right after the event was
-    /// written (and flushed). Every thread stops, the lease watchdog and the
+    /// written (and flushed, with the log). Every thread stops, the lease watchdog and the
     /// ZooKeeper heartbeats included, as in a GC pause.
     fn maybe_stop_self(&self, at: StopAt) {
         if self.config.stop_self_at != Some(at) || self.stopped_self.swap(true, Ordering::SeqCst) {
@@ -727,6 +727,11 @@ impl Workload {
                 StopAt::Writing => "writing",
             }
         );
+        // Stopped, the output threads would stop too: the reader must see
+        // the event and this line first.
+        if !crate::log_writer::flush_all(Duration::from_secs(5)) {
+            tracing::warn!("the output was not all written before stopping: nobody reads it");
+        }
         if let Err(e) = raise(Signal::SIGSTOP) {
             tracing::error!("could not SIGSTOP myself: {e}");
         }

@@ -99,6 +99,23 @@ impl WorkerSpec {
         self.env.push((name.to_string(), value.to_string()));
         self
     }
+
+    /// The `worker` command of this spec with `--events jsonl`, its log
+    /// level and its environment; where its output goes is the caller's.
+    pub fn command(&self) -> anyhow::Result<Command> {
+        let mut cmd = Command::new(binary("worker")?);
+        for var in WORKER_ENV {
+            cmd.env_remove(var);
+        }
+        cmd.args(&self.args)
+            .args(["--events", "jsonl"])
+            .env(
+                "RUST_LOG",
+                std::env::var("WORKER_TEST_LOG").unwrap_or_else(|_| "worker=debug,info".into()),
+            )
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        Ok(cmd)
+    }
 }
 
 /// A running worker. Like every harness process it dies with the runner
@@ -123,18 +140,8 @@ impl WorkerProc {
             .prefix("worker-")
             .suffix(".log")
             .tempfile()?;
-        let mut cmd = Command::new(binary("worker")?);
-        for var in WORKER_ENV {
-            cmd.env_remove(var);
-        }
-        cmd.args(&spec.args)
-            .args(["--events", "jsonl"])
-            .env(
-                "RUST_LOG",
-                std::env::var("WORKER_TEST_LOG").unwrap_or_else(|_| "worker=debug,info".into()),
-            )
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
+        let mut cmd = spec.command()?;
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr_log.reopen()?);
         let mut child = crate::process::spawn_tied_to_test(cmd).context("spawn the worker")?;

@@ -15,10 +15,12 @@
 //! - [`pauses`]: a worker stopped past its TTL, with and without fencing;
 //! - [`lifecycle`]: SIGTERM, `--duration`, refused configurations, services
 //!   that are not there yet, an unknown write outcome;
-//! - [`trust`]: keys, issuers, and `worker lock` for a person with curl.
+//! - [`trust`]: keys, issuers, and `worker lock` for a person with curl;
+//! - [`undrained`]: two workers whose output nobody reads until they exit.
 
 mod edits;
 mod lifecycle;
 mod pauses;
 mod support;
 mod trust;
+mod undrained;

@@ -6,12 +6,13 @@ use std::process::ExitStatus;
 
 use gateway::{FenceCheck, GatewayOptions, RunningGateway};
 use harness::worker_proc::{WorkerEvent, WorkerProcess};
-use harness::{Redis, ZooKeeper};
+use harness::{Redis, SentinelGroup, ZooKeeper};
 use serde_json::Value;
 
 /// A lock service running for one test, and the worker flags that reach it.
 pub enum LockService {
     Redis(Redis),
+    Sentinel(SentinelGroup),
     Redlock(Vec<Redis>),
     ZooKeeper(ZooKeeper),
     LeasePostgres(String),
@@ -22,6 +23,7 @@ impl LockService {
     pub async fn start(backend: &str) -> LockService {
         match backend {
             "redis" => LockService::Redis(Redis::start().await),
+            "redis-sentinel" => LockService::Sentinel(SentinelGroup::start().await),
             "redlock" => {
                 let (a, b, c) = tokio::join!(Redis::start(), Redis::start(), Redis::start());
                 LockService::Redlock(vec![a, b, c])
@@ -37,6 +39,14 @@ impl LockService {
     pub fn issuer(&self) -> Option<(&'static str, String)> {
         match self {
             LockService::Redis(r) => Some(("redis", r.url())),
+            LockService::Sentinel(group) => Some((
+                "redis-sentinel",
+                format!(
+                    "redis-sentinel://{}/{}",
+                    group.sentinel_addrs().join(","),
+                    group.master_name()
+                ),
+            )),
             LockService::Redlock(_) => None,
             LockService::ZooKeeper(zk) => {
                 Some(("zookeeper", format!("zookeeper://{}", zk.connect_string())))
@@ -49,6 +59,16 @@ impl LockService {
     pub fn args(&self) -> Vec<String> {
         let (backend, flag, value) = match self {
             LockService::Redis(r) => ("redis", "--redis-url", r.url()),
+            LockService::Sentinel(group) => {
+                return vec![
+                    "--backend".into(),
+                    "redis-sentinel".into(),
+                    "--redis-sentinels".into(),
+                    group.sentinel_addrs().join(","),
+                    "--redis-sentinel-master".into(),
+                    group.master_name().into(),
+                ];
+            }
             LockService::Redlock(nodes) => (
                 "redlock",
                 "--redlock-urls",
