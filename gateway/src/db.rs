@@ -458,7 +458,7 @@ impl Inner {
 /// it asks for one that accepts writes. `host1:p1,host2:p2` and
 /// `target_session_attrs` (`any`, `read-write`, `primary`) follow libpq; the
 /// rest of the URL is kept as it is for each server.
-fn split_url(url: &str) -> Result<(Vec<String>, bool), String> {
+pub(crate) fn split_url(url: &str) -> Result<(Vec<String>, bool), String> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| "the database URL has no scheme".to_string())?;

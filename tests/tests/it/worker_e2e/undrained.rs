@@ -48,7 +48,10 @@ async fn two_workers_finish_with_unread_pipes(backend: &str) {
                 panic!("{client} on {backend} did not finish {EDITS} edits with its output unread")
             })
             .expect("wait for the worker");
-        assert!(status.success(), "{client} on {backend} exited with {status}");
+        assert!(
+            status.success(),
+            "{client} on {backend} exited with {status}"
+        );
     }
     let body = scene.page_lines(&page).await;
     for client in ["w1", "w2"] {
