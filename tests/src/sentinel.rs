@@ -308,6 +308,24 @@ impl SentinelGroup {
                             n("num-other-sentinels")
                         ));
                     }
+                    // Counted is not promotable: a sentinel promotes only a
+                    // replica it has itself asked INFO of lately and found
+                    // linked to the master; until then a failover asked of
+                    // it answers NOGOODSLAVE.
+                    let replicas = sentinel_replicas(admin, s).await?;
+                    let promotable = replicas.iter().any(|r| {
+                        let v = |k: &str| r.get(k).map(String::as_str).unwrap_or_default();
+                        v("flags") == "slave"
+                            && v("master-link-status") == "ok"
+                            && v("info-refresh")
+                                .parse::<u64>()
+                                .is_ok_and(|ms| ms < INFO_FRESH_MS)
+                    });
+                    if !promotable {
+                        return Err(format!(
+                            "sentinel {s}: no replica it could promote yet: {replicas:?}"
+                        ));
+                    }
                 }
                 Ok(())
             }
@@ -425,6 +443,31 @@ async fn named_master_port(user: Option<&str>, port: u16) -> Result<u16, String>
 }
 
 /// `SENTINEL master NAME` as a map.
+/// How fresh a sentinel's INFO of a replica must be for it to promote it
+/// (Redis allows three INFO periods, 30 s, while the master is up).
+const INFO_FRESH_MS: u64 = 20_000;
+
+/// `SENTINEL REPLICAS`: each replica as the sentinel sees it.
+async fn sentinel_replicas(
+    user: Option<&str>,
+    port: u16,
+) -> Result<Vec<HashMap<String, String>>, String> {
+    let replicas: Vec<Vec<String>> = query(
+        user,
+        port,
+        redis::cmd("SENTINEL").arg("replicas").arg(MASTER_NAME),
+    )
+    .await?;
+    Ok(replicas
+        .iter()
+        .map(|flat| {
+            flat.chunks(2)
+                .filter_map(|kv| Some((kv.first()?.clone(), kv.get(1)?.clone())))
+                .collect()
+        })
+        .collect())
+}
+
 async fn sentinel_master(user: Option<&str>, port: u16) -> Result<HashMap<String, String>, String> {
     let flat: Vec<String> = query(
         user,
