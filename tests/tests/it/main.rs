@@ -13,7 +13,7 @@
 //! - [`tutorial`]: docs/TUTORIAL.md's transcripts and demos, and
 //!   scripts/demo, against `scripts/stack`;
 //! - [`dashboard`]: the dashboard in headless Chromium, against `scripts/stack`;
-//! - [`stack_fairness`]: every worker of `scripts/stack` gets edits with Redis;
+//! - [`stack_fairness`]: the workers of `scripts/stack` take fair turns with Redis;
 //! - [`openapi_fuzz`]: schemathesis against the gateway's OpenAPI description;
 //! - [`operations_doc`]: docs/OPERATIONS.md's settings against `--help`;
 //! - [`worker_e2e`]: the worker binary against real lock services and a gateway;
