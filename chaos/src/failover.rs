@@ -196,14 +196,17 @@ async fn failover_script(
     let missing_wal = failed_over
         .wal_lost
         .map_or("unknown".to_string(), |b| format!("{b} bytes"));
+    let killed = if second_ack.is_ok() {
+        "right after other's second acknowledged edit".to_string()
+    } else {
+        format!(
+            "after waiting {} s for an acknowledgement that never came",
+            STALL.as_secs()
+        )
+    };
     row.note(format!(
-        "{} standby, link cut after it caught up; the primary was SIGKILLed {} with {acked_before} edit(s) acknowledged behind the cut ({missing_wal} of WAL never reached the standby); promoted in {} ms",
+        "{} standby, link cut after it caught up; the primary was SIGKILLed {killed} with {acked_before} edit(s) acknowledged behind the cut ({missing_wal} of WAL never reached the standby); promoted in {} ms",
         pg.replication().name(),
-        if second_ack.is_ok() {
-            "right after other's second acknowledged edit"
-        } else {
-            "after waiting STALL for an acknowledgement that never came"
-        },
         failed_over.promotion.as_millis()
     ));
 
