@@ -19,10 +19,11 @@ use crate::LockError;
 /// Deadline of each step of master discovery (connect, ask, check `ROLE`).
 const STEP_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// How long a holder lookup waits for the other sentinels' answers after the
-/// first one ([`Discovery::freshest_master`]): a sentinel that answers at
-/// all answers in well under a millisecond here, and a frozen one must not
-/// hold up a storage that waits at most 500 ms for the whole lookup.
+/// How long a holder lookup waits at least for the other sentinels'
+/// answers after the first one ([`Discovery::freshest_master`]); it waits
+/// longer when the first answer itself was slow (see there). A frozen
+/// sentinel must not hold up a storage that waits at most 500 ms for the
+/// whole lookup.
 const FRESHEST_GRACE: Duration = Duration::from_millis(50);
 
 /// An ACL user (or the `default` one, when only a password is given) and
@@ -156,9 +157,13 @@ impl Discovery {
     }
 
     /// The master's `host:port` as the best-informed sentinel names it: every
-    /// sentinel is asked at once, and of the answers that come within
-    /// [`FRESHEST_GRACE`] of the first, the one with the highest
-    /// `config-epoch` wins (on a tie, the sentinel listed first). A sentinel
+    /// sentinel is asked at once, and of the answers that come soon after the
+    /// first, the one with the highest `config-epoch` wins (on a tie, the
+    /// sentinel listed first). "Soon" is [`FRESHEST_GRACE`], or twice as long
+    /// as the first answer took if that is more: on a loaded machine every
+    /// answer is slow, and a 50 ms grace once missed the one sentinel that
+    /// knew of a failover, so the lookup went to the old, frozen master and
+    /// failed closed. Never past [`STEP_TIMEOUT`] from the start. A sentinel
     /// that has not heard of a failover yet (they learn it from each other's
     /// hello messages, every 2 s) still names the old master with the old
     /// epoch; asking only the first that answers, a storage's lookup went
@@ -174,6 +179,7 @@ impl Discovery {
             .enumerate()
             .map(|(i, s)| async move { (i, self.master_epoch(s).await) })
             .collect();
+        let started = tokio::time::Instant::now();
         let mut best: Option<(u64, usize, String)> = None;
         let mut failures = vec![];
         let mut deadline = None;
@@ -188,7 +194,10 @@ impl Discovery {
             let Some((i, answer)) = next else { break };
             match answer {
                 Ok((epoch, addr)) => {
-                    deadline.get_or_insert(tokio::time::Instant::now() + FRESHEST_GRACE);
+                    deadline.get_or_insert_with(|| {
+                        let grace = FRESHEST_GRACE.max(started.elapsed() * 2);
+                        (tokio::time::Instant::now() + grace).min(started + STEP_TIMEOUT)
+                    });
                     let better = best
                         .as_ref()
                         .is_none_or(|(e, j, _)| epoch > *e || (epoch == *e && i < *j));
