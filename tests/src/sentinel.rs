@@ -442,7 +442,6 @@ async fn named_master_port(user: Option<&str>, port: u16) -> Result<u16, String>
         .ok_or_else(|| format!("sentinel {port} knows no master"))
 }
 
-/// `SENTINEL master NAME` as a map.
 /// How fresh a sentinel's INFO of a replica must be for it to promote it
 /// (Redis allows three INFO periods, 30 s, while the master is up).
 const INFO_FRESH_MS: u64 = 20_000;
@@ -458,16 +457,17 @@ async fn sentinel_replicas(
         redis::cmd("SENTINEL").arg("replicas").arg(MASTER_NAME),
     )
     .await?;
-    Ok(replicas
-        .iter()
-        .map(|flat| {
-            flat.chunks(2)
-                .filter_map(|kv| Some((kv.first()?.clone(), kv.get(1)?.clone())))
-                .collect()
-        })
-        .collect())
+    Ok(replicas.iter().map(|flat| pairs(flat)).collect())
 }
 
+/// A sentinel's flat `[key, value, key, value, ...]` answer as a map.
+fn pairs(flat: &[String]) -> HashMap<String, String> {
+    flat.chunks(2)
+        .filter_map(|kv| Some((kv.first()?.clone(), kv.get(1)?.clone())))
+        .collect()
+}
+
+/// `SENTINEL master NAME` as a map.
 async fn sentinel_master(user: Option<&str>, port: u16) -> Result<HashMap<String, String>, String> {
     let flat: Vec<String> = query(
         user,
@@ -475,8 +475,5 @@ async fn sentinel_master(user: Option<&str>, port: u16) -> Result<HashMap<String
         redis::cmd("SENTINEL").arg("master").arg(MASTER_NAME),
     )
     .await?;
-    Ok(flat
-        .chunks(2)
-        .filter_map(|kv| Some((kv.first()?.clone(), kv.get(1)?.clone())))
-        .collect())
+    Ok(pairs(&flat))
 }

@@ -130,6 +130,9 @@ pub struct EventSink {
 impl EventSink {
     /// Events on stdout, written by a thread of their own.
     pub fn stdout(mode: EventsMode, client: &str, page: &str) -> Self {
+        if mode == EventsMode::None {
+            return Self::new(mode, client, page, Box::new(std::io::sink()));
+        }
         let writer = LogWriter::new(std::io::stdout(), "worker-events");
         let mut sink = Self::new(mode, client, page, Box::new(writer.writer()));
         sink.writer = Some(writer);
@@ -247,24 +250,11 @@ fn log(edit: Option<u64>, event: &Event) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::log_writer::SharedBuf;
 
     #[test]
     fn events_are_one_json_object_per_line_with_the_agreed_fields() {
-        let buf = Buf::default();
+        let buf = SharedBuf::default();
         let sink = EventSink::new(EventsMode::Jsonl, "w1", "demo", Box::new(buf.clone()));
         sink.emit(
             Some(3),
@@ -274,9 +264,9 @@ mod tests {
             },
         );
         sink.emit(None, Event::Summary(Summary::default()));
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-        let lines: Vec<Value> = text
+        let lines: Vec<Value> = buf
             .lines()
+            .iter()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         assert_eq!(lines.len(), 2);
@@ -293,9 +283,9 @@ mod tests {
 
     #[test]
     fn events_mode_none_writes_nothing() {
-        let buf = Buf::default();
+        let buf = SharedBuf::default();
         let sink = EventSink::new(EventsMode::None, "w1", "demo", Box::new(buf.clone()));
         sink.emit(Some(1), Event::Read { version: 0 });
-        assert!(buf.0.lock().unwrap().is_empty());
+        assert!(buf.lines().is_empty());
     }
 }

@@ -13,7 +13,7 @@
 //! would not see the event it stopped at ([`flush_all`]).
 
 use std::io::Write;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ enum Msg {
 
 /// The queue of every live [`LogWriter`], for [`flush_all`].
 static WRITERS: Mutex<Vec<(u64, Sender<Msg>)>> = Mutex::new(Vec::new());
-static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 /// One stream's writer thread. Dropping it writes out what is queued,
 /// waiting at most [`DROP_WAIT`].
@@ -74,7 +74,7 @@ impl LogWriter {
             .name(name.to_string())
             .spawn(move || write_lines(out, rx))
             .expect("spawn an output thread");
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed) as u64;
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         WRITERS.lock().expect("writers lock").push((id, tx.clone()));
         Self {
             id,
@@ -106,11 +106,12 @@ impl Drop for LogWriter {
             .retain(|(id, _)| *id != self.id);
         let dropped = self.dropped();
         if dropped > 0 {
-            let line = format!(
-                "worker: {dropped} line(s) of {} dropped: the reader fell more than {BUFFERED_LINES} lines behind\n",
+            // To the log, not into the stream: stdout is JSON lines.
+            tracing::warn!(
+                "{dropped} line(s) of {} dropped: the reader fell more than \
+                 {BUFFERED_LINES} lines behind",
                 self.name
             );
-            let _ = self.queue.tx.try_send(Msg::Line(line.into_bytes()));
         }
         flush(&self.queue.tx, DROP_WAIT);
     }
@@ -153,29 +154,34 @@ fn write_lines<W: Write>(mut out: W, rx: Receiver<Msg>) {
     }
 }
 
+/// A writer into shared memory, for the tests of this crate's output.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl Write for SharedBuf {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl SharedBuf {
+    /// What was written, as lines.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        text.lines().map(str::to_string).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Shared {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Shared {
-        fn lines(&self) -> Vec<String> {
-            let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-            text.lines().map(str::to_string).collect()
-        }
-    }
 
     fn queue_lines(w: &mut Queue, n: usize) {
         for i in 0..n {
@@ -185,7 +191,7 @@ mod tests {
 
     #[test]
     fn a_flush_returns_once_every_queued_line_is_written_in_order() {
-        let out = Shared::default();
+        let out = SharedBuf::default();
         let log = LogWriter::new(out.clone(), "test-flush");
         queue_lines(&mut log.writer(), 1000);
         assert!(flush_all(Duration::from_secs(10)));
@@ -198,7 +204,7 @@ mod tests {
     }
 
     /// A writer that blocks until told to go on, as a pipe nobody reads.
-    struct Stuck(Receiver<()>, Shared);
+    struct Stuck(Receiver<()>, SharedBuf);
 
     impl Write for Stuck {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -213,7 +219,7 @@ mod tests {
     #[test]
     fn a_reader_that_does_not_read_costs_lines_not_time() {
         let (go, wait) = crossbeam_channel::unbounded();
-        let out = Shared::default();
+        let out = SharedBuf::default();
         let log = LogWriter::new(Stuck(wait, out.clone()), "test-stuck");
         // The thread takes one line and blocks on it; the queue holds the
         // next BUFFERED_LINES; the rest are dropped without blocking.

@@ -714,8 +714,8 @@ impl Workload {
     }
 
     /// `--stop-self-at`: SIGSTOP this process once, right after the event was
-    /// written (and flushed, with the log). Every thread stops, the lease watchdog and the
-    /// ZooKeeper heartbeats included, as in a GC pause.
+    /// written (and flushed, with the log). Every thread stops, the lease
+    /// watchdog and the ZooKeeper heartbeats included, as in a GC pause.
     fn maybe_stop_self(&self, at: StopAt) {
         if self.config.stop_self_at != Some(at) || self.stopped_self.swap(true, Ordering::SeqCst) {
             return;
