@@ -26,11 +26,17 @@ impl Service for MariaDbService {
     async fn prepare(&self, dir: &Path, port: u16) -> Recipe {
         let data = dir.join("data");
         install_db(&data).await;
+        // Its own tmpdir: a mariadbd starting deletes every `#sql*` file in
+        // its tmpdir, so with a shared /tmp a second server's start deleted
+        // the first one's internal temporary tables mid-statement.
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).expect("create mariadb tmpdir");
         Recipe::new(
             find_binary("mariadbd", &["/usr/sbin", "/usr/bin"]),
             vec![
                 "--no-defaults".into(),
                 format!("--datadir={}", data.display()),
+                format!("--tmpdir={}", tmp.display()),
                 "--user=root".into(),
                 format!("--port={port}"),
                 "--bind-address=127.0.0.1".into(),
