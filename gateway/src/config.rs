@@ -209,9 +209,22 @@ pub struct Config {
     /// a jump by setting the fence). 0: no bound (a loud warning at start).
     #[arg(long, env = "GATEWAY_MAX_TOKEN_JUMP", default_value_t = crate::issuers::DEFAULT_MAX_TOKEN_JUMP)]
     pub max_token_jump: u64,
-    /// Most HTTP connections served at once; more wait to be accepted.
+    /// Most HTTP connections served at once; more are answered 503
+    /// too_many_connections (with Retry-After) and closed.
     #[arg(long, env = "GATEWAY_MAX_CONNECTIONS", default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// Most HTTP connections served at once from one client address; more
+    /// are answered 503 too_many_connections and closed. Behind a balancer,
+    /// the address is the balancer's.
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = crate::limits::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS)]
+    pub max_connections_per_address: usize,
+    /// Most dashboard event streams open at once; more are answered 503
+    /// too_many_streams (with Retry-After).
+    #[arg(long, env = "GATEWAY_MAX_STREAMS", default_value_t = crate::limits::DEFAULT_MAX_STREAMS)]
+    pub max_streams: usize,
+    /// Most dashboard event streams open at once from one client address.
+    #[arg(long, env = "GATEWAY_MAX_STREAMS_PER_ADDRESS", default_value_t = crate::limits::DEFAULT_MAX_STREAMS_PER_ADDRESS)]
+    pub max_streams_per_address: usize,
     /// How long a client may take to send a request's headers (and how long
     /// an idle keep-alive connection is kept); then the connection is closed.
     #[arg(long, env = "GATEWAY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -292,6 +305,9 @@ impl Config {
     pub fn serve_options(&self) -> ServeOptions {
         ServeOptions {
             max_connections: self.max_connections,
+            max_connections_per_address: self.max_connections_per_address,
+            max_streams: self.max_streams,
+            max_streams_per_address: self.max_streams_per_address,
             header_read_timeout: self.header_read_timeout,
         }
     }
@@ -486,6 +502,18 @@ impl GatewayOptions {
 
     pub fn max_connections(mut self, n: usize) -> Self {
         self.serve.max_connections = n;
+        self
+    }
+
+    pub fn max_connections_per_address(mut self, n: usize) -> Self {
+        self.serve.max_connections_per_address = n;
+        self
+    }
+
+    /// Most dashboard streams, overall and from one address.
+    pub fn max_streams(mut self, all: usize, per_address: usize) -> Self {
+        self.serve.max_streams = all;
+        self.serve.max_streams_per_address = per_address;
         self
     }
 

@@ -117,6 +117,7 @@ pub mod db;
 pub mod error;
 pub mod http;
 pub mod issuers;
+pub mod limits;
 pub mod metrics;
 pub mod openapi;
 pub mod page_issuers;
@@ -183,6 +184,10 @@ pub struct AppState {
     pub trust: Arc<Trust>,
     /// The request deadline, and the wait for a statement already sent.
     pub deadlines: Deadlines,
+    /// The dashboard's one tail of the history, shared by its streams.
+    pub hub: Arc<dashboard::Hub>,
+    /// How many dashboard streams may be open ([`AppState::with_limits`]).
+    pub streams: limits::StreamLimits,
 }
 
 impl AppState {
@@ -196,13 +201,23 @@ impl AppState {
     /// With keys and issuers (from [`Trust::start`]).
     pub fn with_trust(db: Db, fencing: FenceCheck, trust: Trust) -> Self {
         Self {
+            hub: dashboard::Hub::new(db.clone()),
             db,
             fencing,
             metrics: Arc::new(Metrics::new()),
             draining: CancellationToken::new(),
             trust: Arc::new(trust),
             deadlines: Deadlines::default(),
+            streams: limits::StreamLimits::default(),
         }
+    }
+
+    /// With the stream limits of `options` (the connection limits are the
+    /// accept loop's, [`serve_with`]).
+    pub fn with_limits(mut self, options: &ServeOptions) -> Self {
+        self.streams =
+            limits::StreamLimits::new(options.max_streams, options.max_streams_per_address);
+        self
     }
 
     /// With other deadlines than the defaults.
@@ -217,6 +232,7 @@ impl AppState {
     /// [`db`]); this is for a state whose pool was made for another URL.
     pub fn following(mut self, database_url: &str) -> anyhow::Result<Self> {
         self.db = request_pool(database_url, *self.db.options())?;
+        self.hub = dashboard::Hub::new(self.db.clone());
         Ok(self)
     }
 }
@@ -414,7 +430,9 @@ pub async fn spawn_with_options(
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
     // Db::new follows the primary of a multi-host URL itself.
-    let state = AppState::with_trust(db, options.fencing, trust).with_deadlines(options.deadlines);
+    let state = AppState::with_trust(db, options.fencing, trust)
+        .with_deadlines(options.deadlines)
+        .with_limits(&options.serve);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(serve_with(listener, state.clone(), options.serve, async {
         let _ = stopped.await;

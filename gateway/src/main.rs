@@ -77,6 +77,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(
         fencing = ?config.fencing,
         max_connections = limits.max_connections,
+        max_connections_per_address = limits.max_connections_per_address,
+        max_streams = limits.max_streams,
+        max_streams_per_address = limits.max_streams_per_address,
         header_read_timeout = ?limits.header_read_timeout,
         request_timeout = ?config.request_timeout,
         outcome_wait = ?config.outcome_wait,
@@ -85,7 +88,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     );
     gateway::serve_with(
         listener,
-        AppState::with_trust(db.clone(), config.fencing, trust).with_deadlines(config.deadlines()),
+        AppState::with_trust(db.clone(), config.fencing, trust)
+            .with_deadlines(config.deadlines())
+            .with_limits(&limits),
         limits,
         shutdown_signal(),
     )

@@ -210,6 +210,8 @@ fn detail_schema(detail: Detail) -> Value {
             {"$ref": "#/components/schemas/Fence"}
         ]}),
         Detail::Method => json!({"type": "string", "enum": ["GET", "PUT"]}),
+        Detail::Count => json!({"type": "integer", "minimum": 0}),
+        Detail::Flag => json!({"type": "boolean"}),
     }
 }
 
@@ -451,9 +453,10 @@ pub fn fence_body_schema() -> RefOr<Schema> {
 }
 
 /// One server-sent event of `/dashboard/events`: a `snapshot` first (with
-/// `retry: 1000`), then `update`s, or a `problem` that ends the stream.
-/// `data` is the JSON text of a `Snapshot` or an `Update` (its
-/// `contentSchema`), or a line of text for a `problem`.
+/// `retry: 1000`), then `update`s, or a `problem` that ends the stream, or
+/// a `resync` followed by a new `snapshot`. `data` is the JSON text of a
+/// `Snapshot` or an `Update` (its `contentSchema`), or a line of text for a
+/// `problem` or a `resync`.
 pub fn dashboard_event_schema() -> RefOr<Schema> {
     from_json(json!({
         "oneOf": [
@@ -479,7 +482,7 @@ pub fn dashboard_event_schema() -> RefOr<Schema> {
             {
                 "type": "object",
                 "properties": {
-                    "event": {"type": "string", "enum": ["problem"]},
+                    "event": {"type": "string", "enum": ["problem", "resync"]},
                     "data": {"type": "string"},
                 },
                 "required": ["event", "data"],

@@ -1,5 +1,6 @@
 //! The accept loop: HTTP/1 connections served by hyper, with a header-read
-//! timeout and a cap on concurrent connections, and a graceful shutdown.
+//! timeout, caps on concurrent connections overall and per client address,
+//! and a graceful shutdown.
 //!
 //! Why not `axum::serve`: it gives hyper no timer, so hyper's header-read
 //! timeout is off, and it accepts every connection it can. A client that
@@ -9,21 +10,29 @@
 //! - hyper's `header_read_timeout` (with a tokio timer) closes a connection
 //!   whose request head has not arrived within the timeout. It also bounds
 //!   how long an idle keep-alive connection waits for its next request.
-//! - a semaphore in the accept loop bounds the connections being served. A
-//!   connection beyond the cap is not refused: it waits in the kernel's
-//!   listen backlog until one closes, then it is accepted and served.
+//! - the accept loop bounds the connections being served, overall and from
+//!   one address ([`crate::limits`]). A connection beyond a cap is accepted
+//!   and answered at once, 503 `too_many_connections` with `Retry-After`,
+//!   then closed; beyond [`REFUSING`] such answers in flight it is closed
+//!   without one. It never waits in the listen backlog, where a client
+//!   could not tell a full gateway from a dead one.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::Request;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tower::ServiceExt;
 
+use crate::error::ApiError;
+use crate::limits::{self, ClientAddr, PerAddress};
 use crate::AppState;
 
 /// Default for `--max-connections`.
@@ -31,11 +40,24 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Default for `--header-read-timeout`.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connection limits of [`crate::serve_with`].
+/// Refusals being written at once; beyond, a refused connection is closed
+/// without an answer.
+pub const REFUSING: usize = 64;
+/// How long a refusal may take to be written and its connection drained.
+const REFUSAL_TIME: Duration = Duration::from_secs(1);
+
+/// Connection and stream limits of [`crate::serve_with`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServeOptions {
     /// Most connections served at once (at least 1).
     pub max_connections: usize,
+    /// Most connections served at once from one client address.
+    pub max_connections_per_address: usize,
+    /// Most dashboard streams open at once (the state's: see
+    /// [`AppState::with_limits`]).
+    pub max_streams: usize,
+    /// Most dashboard streams open at once from one client address.
+    pub max_streams_per_address: usize,
     /// How long a request's head (request line and headers) may take to
     /// arrive, counted from the first read of it; also how long an idle
     /// keep-alive connection is kept.
@@ -46,6 +68,9 @@ impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: limits::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            max_streams: limits::DEFAULT_MAX_STREAMS,
+            max_streams_per_address: limits::DEFAULT_MAX_STREAMS_PER_ADDRESS,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
         }
     }
@@ -66,19 +91,17 @@ pub async fn serve_with(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(options.header_read_timeout);
-    let permits = Arc::new(Semaphore::new(options.max_connections.max(1)));
+    let max = options.max_connections.max(1);
+    let permits = Arc::new(Semaphore::new(max));
+    let per_address = PerAddress::new(options.max_connections_per_address);
+    let refusing = Arc::new(Semaphore::new(REFUSING));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
 
     loop {
-        // A permit first: beyond the cap, connections stay in the backlog.
-        let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-            () = &mut shutdown => break,
-        };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     accept_error(e).await;
                     continue;
@@ -86,9 +109,23 @@ pub async fn serve_with(
             },
             () = &mut shutdown => break,
         };
+        let ip = peer.ip();
+        let Some(address) = per_address.try_take(ip) else {
+            refuse(&refusing, stream, options.max_connections_per_address, true);
+            continue;
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            refuse(&refusing, stream, max, false);
+            continue;
+        };
         // Responses are written whole; do not let Nagle hold the last segment.
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        let client = ClientAddr(ip);
+        let service = router.clone().map_request(move |mut req: Request<_>| {
+            req.extensions_mut().insert(client);
+            req
+        });
+        let service = TowerToHyperService::new(service);
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         let open = metrics.connection_opened();
         tokio::spawn(async move {
@@ -97,7 +134,7 @@ pub async fn serve_with(
                 tracing::debug!("connection ended: {e}");
             }
             drop(open);
-            drop(permit);
+            drop((permit, address));
         });
     }
     drop(listener);
@@ -106,6 +143,50 @@ pub async fn serve_with(
     draining.cancel();
     graceful.shutdown().await;
     Ok(())
+}
+
+/// Answer a connection beyond a cap with 503 `too_many_connections` and
+/// close it, in a task of its own; or close it at once when [`REFUSING`]
+/// answers are in flight already.
+fn refuse(refusing: &Arc<Semaphore>, mut stream: TcpStream, limit: usize, per_address: bool) {
+    let Ok(slot) = refusing.clone().try_acquire_owned() else {
+        return; // dropped: closed
+    };
+    let refusal = refusal(&ApiError::TooManyConnections { limit, per_address });
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(REFUSAL_TIME, async {
+            stream.write_all(&refusal).await?;
+            stream.shutdown().await?;
+            // Read what the client sent until it closes: closing with unread
+            // bytes would reset the connection, and the client could lose
+            // the answer.
+            let mut sink = [0u8; 4096];
+            while stream.read(&mut sink).await? > 0 {}
+            Ok::<_, std::io::Error>(())
+        })
+        .await;
+        drop(slot);
+    });
+}
+
+/// The whole HTTP/1.1 response of a refusal: the error's JSON body, as
+/// [`ApiError`] writes it, with `Retry-After` and `Connection: close`.
+fn refusal(e: &ApiError) -> Vec<u8> {
+    let mut body = serde_json::Map::new();
+    body.insert("error".into(), e.code().into());
+    body.insert("message".into(), e.to_string().into());
+    body.extend(e.details());
+    let body = serde_json::Value::Object(body).to_string();
+    let status = e.status();
+    format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\nretry-after: {}\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        limits::RETRY_AFTER.as_secs(),
+        body.len()
+    )
+    .into_bytes()
 }
 
 /// Like hyper 0.14's server (and axum's `serve`): an aborted connection is

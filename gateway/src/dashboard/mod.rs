@@ -10,17 +10,20 @@
 //!   attempts and its row as it is now). Without `page`, the most recently
 //!   accessed page is chosen. A database error sends a `problem` event and ends
 //!   the stream; the script reconnects and starts again from a snapshot. A
+//!   stream that falls behind is sent `resync` and a new `snapshot`. A
 //!   stream also ends when the gateway starts draining ([`AppState::draining`]),
-//!   so that an open dashboard does not hold up a graceful shutdown.
+//!   so that an open dashboard does not hold up a graceful shutdown. Streams
+//!   are limited overall and per client address ([`crate::limits`]): beyond
+//!   a limit, 503 `too_many_streams` at once.
 //!
 //! # Where the feed comes from: tailing `page_history`
 //! Every fenced GET and every PUT inserts its history row in the same SQL
 //! statement that decides it (`sql/fenced_access.sql`), so `page_history` is
 //! the complete, committed record of what the storage accepted and refused.
-//! Each dashboard stream polls it every [`POLL_INTERVAL`] with one indexed
-//! query (`id > last seen`, on the primary key), and only while a browser
-//! is connected: the stream's future is dropped with the connection.
-//! Alternatives that were not taken:
+//! One task per gateway (`hub.rs`) polls it every [`POLL_INTERVAL`] with one
+//! indexed query (`id > last seen`, on the primary key), keeps every page's
+//! counters, and broadcasts what each poll found to every open stream; it
+//! runs only while a browser is connected. Alternatives that were not taken:
 //! - A broadcast channel inside the gateway, fed by the handlers, would only
 //!   see this process's writes: with two gateways on one database (the demo's
 //!   fenced and unfenced ones) each dashboard would miss the other's.
@@ -29,12 +32,15 @@
 //!   holds it until the commit ends, so notifying writes commit one at a
 //!   time: every write would pay for the dashboard, watched or not. Polling costs the
 //!   write path nothing, and an idle dashboard costs one primary-key range
-//!   scan that finds nothing, four times a second.
+//!   scan that finds nothing, four times a second, however many are open.
+//! - A poll per stream made the database's work grow with the viewers, and
+//!   every stream's start counted the whole history: a thousand anonymous
+//!   streams took a gateway down.
 //!
-//! The price is paid when a dashboard connects: its snapshot counts the
-//! attempts of every page, a scan of the whole history (about 0.3 s for a
-//! million rows). The polls share the request pool: one short query each.
-//!
+//! The whole history is counted once, when the first dashboard connects
+//! (about 0.3 s for a million rows). A stream's start reads its page's newest
+//! attempts on the index by page and id, and its row.
+
 //! # Reading the tail without missing a row
 //! Ids come from a sequence when the row is inserted, not when it commits, so
 //! across pages a row with a lower id can commit after one with a higher id
@@ -44,8 +50,9 @@
 //! highest one it has seen that it has not seen ("gaps"), asks for them again
 //! with each poll, and gives up on a gap after [`GAP_GRACE`] (an id taken by a
 //! statement that rolled back, or skipped by the sequence after a crash, never
-//! appears). The snapshot is consistent with the tail in the same way: it
-//! counts exactly the rows up to the highest id it saw, minus the gaps below.
+//! appears). The count is consistent with the tail in the same way: it
+//! counts exactly the rows up to the highest id it saw, minus the gaps below,
+//! and so is a stream's start (see `hub.rs`, "Exactly once").
 //!
 //! # Lock grants are inferred, not reported by the workers
 //! The dashboard shows only what the gateway sees. A lock grant is drawn at a
@@ -69,9 +76,12 @@
 //! # Layout
 //! - `page.rs`: `/`, `/dashboard` and its assets.
 //! - `stream.rs`: `/dashboard/events`, the server-sent events.
-//! - `query.rs`: the snapshot and the polls: the SQL, and what is sent.
-//! - `tail.rs`: the stream's position in `page_history` and its counters.
+//! - `hub.rs`: the gateway's one tail, and the broadcast to the streams.
+//! - `query.rs`: the count, the polls and a stream's start: the SQL, and
+//!   what is sent.
+//! - `tail.rs`: the tail's position in `page_history` and its counters.
 
+mod hub;
 mod page;
 mod query;
 mod stream;
@@ -81,7 +91,8 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::AppState;
 
-pub use query::{poll, snapshot, PageNow, Snapshot, Update, SNAPSHOT_ATTEMPTS, TAIL_BATCH};
+pub use hub::{Batch, Hub, Message, BACKLOG};
+pub use query::{PageNow, Snapshot, Update, SNAPSHOT_ATTEMPTS, TAIL_BATCH};
 pub use stream::{DashboardEvent, EventsParams, KEEP_ALIVE, POLL_INTERVAL};
 pub use tail::{Absorbed, Attempt, PageCounters, Tail, GAP_GRACE, GAP_WINDOW};
 

@@ -1,6 +1,7 @@
-//! What a stream reads: the snapshot it starts with and the polls of the
-//! tail after it, each a short indexed query on the request pool, and the
-//! messages they make.
+//! What the dashboard reads: the count of every page's attempts when the
+//! gateway's tail starts, the tail's polls, and at each stream's start the
+//! chosen page's newest attempts and row; each a short indexed query on the
+//! request pool but the count. And the messages they make.
 
 use std::time::Instant;
 
@@ -104,7 +105,7 @@ static POLL: Sql = Sql {
 };
 
 /// Rows after `high` (a primary-key range scan), and the gaps, by id.
-async fn poll_rows(db: &Db, high: i64, gaps: &[i64]) -> Result<Vec<Attempt>, DbError> {
+pub(super) async fn poll_rows(db: &Db, high: i64, gaps: &[i64]) -> Result<Vec<Attempt>, DbError> {
     let mut conn = db.acquire().await?;
     conn.query(&POLL, &[&high, &TAIL_BATCH, &gaps])
         .await?
@@ -113,32 +114,33 @@ async fn poll_rows(db: &Db, high: i64, gaps: &[i64]) -> Result<Vec<Attempt>, DbE
         .collect()
 }
 
-static PAGE_NOW: Sql = Sql {
-    text: "select id, version, fence_issuer, fence_token, version is distinct from $2,
-                  case when version is distinct from $2 then body end
-           from pages where id = $1",
-    types: &[Type::TEXT, Type::INT8],
+static PAGES_NOW: Sql = Sql {
+    text: "select id, version, fence_issuer, fence_token, body from pages where id = any($1)",
+    types: &[Type::TEXT_ARRAY],
 };
 
-/// The page's row; its body only if its version is not `sent` (the body is
-/// not even read from the table then).
-async fn page_now(db: &Db, id: &str, sent: Option<i64>) -> Result<Option<PageNow>, DbError> {
+/// The rows of the pages `ids` that exist, with their bodies.
+pub(super) async fn pages_now(db: &Db, ids: &[String]) -> Result<Vec<PageNow>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut conn = db.acquire().await?;
-    let Some(r) = conn.query_opt(&PAGE_NOW, &[&id, &sent]).await? else {
-        return Ok(None);
-    };
-    let issuer: Option<String> = db::get(&r, 2)?;
-    let token: Option<i64> = db::get(&r, 3)?;
-    let new: bool = db::get(&r, 4)?;
-    let body: Option<String> = db::get(&r, 5)?;
-    Ok(Some(PageNow {
-        id: db::get(&r, 0)?,
-        version: db::get(&r, 1)?,
-        fence: issuer
-            .zip(token.and_then(|t| fencelock::Token::try_from(t).ok()))
-            .map(|(issuer, token)| Fence { issuer, token }),
-        body: new.then_some(body),
-    }))
+    conn.query(&PAGES_NOW, &[&ids])
+        .await?
+        .iter()
+        .map(|r| {
+            let issuer: Option<String> = db::get(r, 2)?;
+            let token: Option<i64> = db::get(r, 3)?;
+            Ok(PageNow {
+                id: db::get(r, 0)?,
+                version: db::get(r, 1)?,
+                fence: issuer
+                    .zip(token.and_then(|t| fencelock::Token::try_from(t).ok()))
+                    .map(|(issuer, token)| Fence { issuer, token }),
+                body: Some(db::get(r, 4)?),
+            })
+        })
+        .collect()
 }
 
 static TOP_IDS: Sql = Sql {
@@ -160,34 +162,14 @@ static COUNTERS: Sql = Sql {
     types: &[Type::INT8, Type::INT8, Type::INT8_ARRAY],
 };
 
-static PAGE_ATTEMPTS: Sql = Sql {
-    text: concat!(
-        "select ",
-        attempt_columns!(),
-        " from page_history
-         where page_id = $1 and id <= $2 and not (id > $3 and id = any($4))
-         order by id desc limit $5"
-    ),
-    types: &[
-        Type::TEXT,
-        Type::INT8,
-        Type::INT8,
-        Type::INT8_ARRAY,
-        Type::INT8,
-    ],
-};
-
-/// The first message, and the tail that continues exactly after it.
+/// The tail's start: every page's counters, exact up to the highest id, and
+/// the ids missing below it that may still commit (gaps).
 ///
 /// First the ids near the top of the table: the highest is where the tail
-/// starts, and the ids missing below it may still commit (gaps). Then the
-/// counters and the chosen page's attempts are read up to that id, without
-/// the gaps, so that every row is counted once: here, or by the tail.
-pub async fn snapshot(
-    db: &Db,
-    page: Option<&str>,
-    fencing: FenceCheck,
-) -> Result<(Snapshot, Tail), DbError> {
+/// starts, and the ids missing below it are its gaps. Then the counters are
+/// read up to that id, without the gaps, so that every row is counted once:
+/// here, or by the tail. A scan of the whole history, once per gateway.
+pub(super) async fn count_all(db: &Db) -> Result<Tail, DbError> {
     let mut conn = db.acquire().await?;
     let top: Vec<i64> = conn
         .query(&TOP_IDS, &[&GAP_WINDOW])
@@ -195,14 +177,11 @@ pub async fn snapshot(
         .iter()
         .map(|r| db::get(r, 0))
         .collect::<Result<_, _>>()?;
-    drop(conn);
     let high = top.last().copied().unwrap_or(0);
     let window = high - GAP_WINDOW;
     let gaps: Vec<i64> = ((window + 1).max(1)..high)
         .filter(|id| top.binary_search(id).is_err())
         .collect();
-
-    let mut conn = db.acquire().await?;
     let pages: Vec<PageCounters> = conn
         .query(&COUNTERS, &[&high, &window, &gaps])
         .await?
@@ -218,81 +197,46 @@ pub async fn snapshot(
             })
         })
         .collect::<Result<_, DbError>>()?;
-    drop(conn);
-
-    // Without a choice: the page accessed last.
-    let page = page.map(str::to_owned).or_else(|| {
-        pages
-            .iter()
-            .max_by_key(|p| p.last_seq)
-            .map(|p| p.id.clone())
-    });
-    let mut attempts: Vec<Attempt> = Vec::new();
-    let mut now_row = None;
-    if let Some(id) = &page {
-        let mut conn = db.acquire().await?;
-        attempts = conn
-            .query(
-                &PAGE_ATTEMPTS,
-                &[&id, &high, &window, &gaps, &SNAPSHOT_ATTEMPTS],
-            )
-            .await?
-            .iter()
-            .map(attempt_of)
-            .collect::<Result<_, _>>()?;
-        drop(conn);
-        attempts.reverse();
-        now_row = Some(page_now(db, id, None).await?.unwrap_or_else(|| PageNow {
-            id: id.clone(),
-            version: 0,
-            fence: None,
-            body: Some(None),
-        }));
-    }
-
-    let mut tail = Tail::new(page, high, &gaps, Instant::now());
-    tail.counters = pages.iter().map(|p| (p.id.clone(), p.clone())).collect();
-    tail.sent_version = now_row.as_ref().map(|p| p.version);
-    let snapshot = Snapshot {
-        now: Utc::now(),
-        fencing: match fencing {
-            FenceCheck::Enforce => "enforce",
-            FenceCheck::Off => "off",
-        },
-        pages,
-        page: now_row,
-        attempts,
-    };
-    Ok((snapshot, tail))
+    let mut tail = Tail::new(high, &gaps, Instant::now());
+    tail.counters = pages.into_iter().map(|p| (p.id.clone(), p)).collect();
+    Ok(tail)
 }
 
-/// Poll once: `None` when nothing was committed since the last poll. The
-/// flag says the batch was full (poll again without waiting).
-pub async fn poll(db: &Db, tail: &mut Tail) -> Result<(Option<Update>, bool), DbError> {
-    let rows = poll_rows(db, tail.high, &tail.gaps()).await?;
-    let high = tail.high;
-    let full = rows.iter().filter(|r| r.seq > high).count() as i64 >= TAIL_BATCH;
-    let absorbed = tail.absorb(rows, Instant::now());
-    if absorbed.pages.is_empty() {
-        return Ok((None, full));
-    }
-    let page = match (&tail.page, absorbed.attempts.is_empty()) {
-        (Some(id), false) => page_now(db, id, tail.sent_version).await?,
-        _ => None,
-    };
-    if let Some(p) = &page {
-        tail.sent_version = Some(p.version);
-    }
-    let pages = absorbed
-        .pages
+static PAGE_ATTEMPTS: Sql = Sql {
+    text: concat!(
+        "select ",
+        attempt_columns!(),
+        " from page_history
+         where page_id = $1 and id <= $2 and not (id = any($3))
+         order by id desc limit $4"
+    ),
+    types: &[Type::TEXT, Type::INT8, Type::INT8_ARRAY, Type::INT8],
+};
+
+/// The page's newest attempts up to `high`, without the ids in `gaps`,
+/// oldest first: at most [`SNAPSHOT_ATTEMPTS`], read backwards on the index
+/// by page and id.
+pub(super) async fn page_attempts(
+    db: &Db,
+    id: &str,
+    high: i64,
+    gaps: &[i64],
+) -> Result<Vec<Attempt>, DbError> {
+    let mut conn = db.acquire().await?;
+    let mut attempts = conn
+        .query(&PAGE_ATTEMPTS, &[&id, &high, &gaps, &SNAPSHOT_ATTEMPTS])
+        .await?
         .iter()
-        .filter_map(|id| tail.counters(id).cloned())
-        .collect();
-    let update = Update {
-        now: Utc::now(),
-        pages,
-        page,
-        attempts: absorbed.attempts,
-    };
-    Ok((Some(update), full))
+        .map(attempt_of)
+        .collect::<Result<Vec<_>, _>>()?;
+    attempts.reverse();
+    Ok(attempts)
+}
+
+/// The body's `fencing` value for a gateway's mode.
+pub(super) fn fencing_name(fencing: FenceCheck) -> &'static str {
+    match fencing {
+        FenceCheck::Enforce => "enforce",
+        FenceCheck::Off => "off",
+    }
 }

@@ -1,14 +1,17 @@
 //! `GET /dashboard/events?page=ID`: the server-sent events, a snapshot then
-//! updates, until the browser leaves, the database fails or the gateway
-//! drains.
+//! updates from the gateway's one tail ([`super::hub`]), until the browser
+//! leaves, the database fails or the gateway drains.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
+use chrono::Utc;
 use futures::stream::{self, Stream};
 use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::{self, error::RecvError};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -16,13 +19,15 @@ use utoipa_axum::routes;
 use crate::db::DbError;
 use crate::error::ApiError;
 use crate::http::extractors::{PageId, QueryParams};
+use crate::limits::ClientAddr;
 use crate::openapi::errors;
-use crate::AppState;
+use crate::{AppState, FenceCheck};
 
-use super::query::{poll, snapshot, Snapshot, Update};
-use super::tail::Tail;
+use super::hub::{Batch, Follow, Hub, Message};
+use super::query::{fencing_name, PageNow, Snapshot, Update};
+use super::tail::Attempt;
 
-/// How often a stream asks the database for new attempts.
+/// How often the tail asks the database for new attempts.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Idle streams send a comment this often; a closed connection is noticed at
 /// the latest then, and the stream's polling stops.
@@ -43,21 +48,35 @@ pub struct EventsParams {
     page: Option<String>,
 }
 
+/// Where a stream is.
 enum Phase {
-    Start,
-    Tailing { tail: Box<Tail>, full: bool },
+    /// To start, following this page (or the page accessed last).
+    Start(Option<String>),
+    Live(Box<Live>),
     Done,
 }
 
-errors!(EventsErrors = [InvalidPageId, InvalidQuery]);
+/// A started stream: its place in the broadcast and what it last sent.
+struct Live {
+    receiver: broadcast::Receiver<Message>,
+    page: Option<String>,
+    /// The version of the body last sent.
+    sent_version: Option<i64>,
+    _follow: Option<Follow>,
+}
+
+errors!(EventsErrors = [InvalidPageId, InvalidQuery, TooManyStreams]);
 
 /// The dashboard's feed: server-sent events that do not end.
 ///
 /// First a `snapshot` event (every page with its counters, the chosen page's
 /// latest attempts, its body and fence), then an `update` whenever attempts
-/// were committed; a comment every 5 s keeps an idle stream open. A database
-/// error sends a `problem` event and ends the stream (the browser reconnects).
-/// The stream also ends when the gateway drains. Each event's `data` is JSON.
+/// were committed; a comment every 5 s keeps an idle stream open. A stream
+/// that fell too far behind is sent `resync`, then a new `snapshot`. A
+/// database error sends a `problem` event and ends the stream (the browser
+/// reconnects). The stream also ends when the gateway drains. Each event's
+/// `data` is JSON. Streams are limited overall and per client address;
+/// beyond a limit: 503 `too_many_streams` with `Retry-After`, at once.
 #[utoipa::path(
     get,
     path = "/dashboard/events",
@@ -65,59 +84,143 @@ errors!(EventsErrors = [InvalidPageId, InvalidQuery]);
     tag = "dashboard",
     params(EventsParams),
     responses(
-        (status = 200, description = "An endless stream of `snapshot`, `update` and `problem` \
-            events. The schema describes one event (`event`, `data`, `retry`), as OpenAPI 3.2's \
-            `itemSchema` would; `data` is JSON, a `Snapshot` or an `Update`, or a line of text.",
+        (status = 200, description = "An endless stream of `snapshot`, `update`, `resync` and \
+            `problem` events. The schema describes one event (`event`, `data`, `retry`), as \
+            OpenAPI 3.2's `itemSchema` would; `data` is JSON, a `Snapshot` or an `Update`, or a \
+            line of text.",
             content_type = "text/event-stream", body = DashboardEvent),
         EventsErrors,
     )
 )]
 async fn events(
     State(state): State<AppState>,
+    client: Option<Extension<ClientAddr>>,
     QueryParams(params): QueryParams<EventsParams>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     // The same rule as the page routes' ids.
     let page = params.page.map(PageId::parse).transpose()?.map(|p| p.0);
+    let permit = state.streams.try_open(ClientAddr::or_unknown(client))?;
     tracing::debug!(page = ?page, "dashboard stream opened");
-    let stream = stream::unfold(Phase::Start, move |phase| {
-        let (db, fencing, page) = (state.db.clone(), state.fencing, page.clone());
-        let draining = state.draining.clone();
+    let (hub, fencing, draining) = (state.hub.clone(), state.fencing, state.draining.clone());
+    let stream = stream::unfold(Phase::Start(page), move |phase| {
+        let (hub, draining) = (hub.clone(), draining.clone());
+        let _held = &permit; // the stream's slot, freed when the stream is dropped
         async move {
             match phase {
-                Phase::Start => Some(match snapshot(&db, page.as_deref(), fencing).await {
-                    Ok((snapshot, tail)) => (
+                Phase::Start(page) => Some(match start(&hub, page, fencing).await {
+                    Ok((snapshot, live)) => (
                         Ok(json_event("snapshot", &snapshot).retry(Duration::from_secs(1))),
-                        Phase::Tailing {
-                            tail: Box::new(tail),
-                            full: false,
-                        },
+                        Phase::Live(Box::new(live)),
                     ),
                     Err(e) => (Ok(problem(e)), Phase::Done),
                 }),
-                Phase::Tailing { mut tail, mut full } => loop {
-                    if !full {
-                        tokio::select! {
-                            _ = tokio::time::sleep(POLL_INTERVAL) => {}
-                            // The gateway is draining: end, the browser reconnects.
-                            _ = draining.cancelled() => break None,
+                Phase::Live(mut live) => {
+                    let message = tokio::select! {
+                        m = live.receiver.recv() => m,
+                        // The gateway is draining: end, the browser reconnects.
+                        _ = draining.cancelled() => return None,
+                    };
+                    match message {
+                        Ok(Message::Batch(batch)) => {
+                            let update = live.update(&batch);
+                            Some((Ok(json_event("update", &update)), Phase::Live(live)))
                         }
-                    }
-                    match poll(&db, &mut tail).await {
-                        Ok((None, more)) => full = more,
-                        Ok((Some(update), more)) => {
-                            break Some((
-                                Ok(json_event("update", &update)),
-                                Phase::Tailing { tail, full: more },
+                        Ok(Message::Problem) => Some((
+                            Ok(problem(DbError::Unavailable("poll failed".into()))),
+                            Phase::Done,
+                        )),
+                        Err(RecvError::Lagged(missed)) => {
+                            tracing::debug!(missed, "dashboard stream fell behind");
+                            Some((
+                                Ok(Event::default()
+                                    .event("resync")
+                                    .data("fell behind; a new snapshot follows")),
+                                Phase::Start(live.page.clone()),
                             ))
                         }
-                        Err(e) => break Some((Ok(problem(e)), Phase::Done)),
+                        Err(RecvError::Closed) => None,
                     }
-                },
+                }
                 Phase::Done => None,
             }
         }
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+/// The snapshot a stream starts with, and its place in the broadcast.
+async fn start(
+    hub: &Arc<Hub>,
+    page: Option<String>,
+    fencing: FenceCheck,
+) -> Result<(Snapshot, Live), DbError> {
+    let start = hub.subscribe().await?;
+    // Without a choice: the page accessed last.
+    let page = page.or_else(|| {
+        start
+            .pages
+            .iter()
+            .max_by_key(|p| p.last_seq)
+            .map(|p| p.id.clone())
+    });
+    let follow = page.as_deref().map(|id| hub.follow(id));
+    let (mut attempts, mut row) = (Vec::new(), None);
+    if let Some(id) = &page {
+        attempts = hub.attempts(id, &start).await?;
+        row = Some(hub.row(id).await?.unwrap_or_else(|| PageNow {
+            id: id.clone(),
+            version: 0,
+            fence: None,
+            body: Some(None),
+        }));
+    }
+    let live = Live {
+        receiver: start.receiver,
+        page,
+        sent_version: row.as_ref().map(|p| p.version),
+        _follow: follow,
+    };
+    let snapshot = Snapshot {
+        now: Utc::now(),
+        fencing: fencing_name(fencing),
+        pages: start.pages,
+        page: row,
+        attempts,
+    };
+    Ok((snapshot, live))
+}
+
+impl Live {
+    /// A batch as this stream shows it: every page's counters, its page's
+    /// attempts and row (the body only when its version changed).
+    fn update(&mut self, batch: &Batch) -> Update {
+        let attempts: Vec<Attempt> = batch
+            .attempts
+            .iter()
+            .filter(|a| Some(&a.page_id) == self.page.as_ref())
+            .cloned()
+            .collect();
+        let mut page = None;
+        if !attempts.is_empty() {
+            page = batch
+                .rows
+                .iter()
+                .find(|r| Some(&r.id) == self.page.as_ref())
+                .cloned();
+        }
+        if let Some(p) = &mut page {
+            if self.sent_version == Some(p.version) {
+                p.body = None;
+            }
+            self.sent_version = Some(p.version);
+        }
+        Update {
+            now: batch.now,
+            pages: batch.pages.clone(),
+            page,
+            attempts,
+        }
+    }
 }
 
 /// One event of the stream, for the description (see [`crate::openapi`]).

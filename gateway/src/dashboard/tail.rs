@@ -1,4 +1,4 @@
-//! A stream's position in `page_history`: the highest id seen, the ids below
+//! The tail's position in `page_history`: the highest id seen, the ids below
 //! it not seen yet (gaps), and the counters of every page, so that each row
 //! is counted exactly once (see the module's doc, "Reading the tail without
 //! missing a row").
@@ -84,38 +84,33 @@ impl PageCounters {
     }
 }
 
-/// A stream's position in `page_history`, and the counters it keeps.
+/// The position in `page_history` of the gateway's one tail, and the
+/// counters it keeps.
 #[derive(Debug)]
 pub struct Tail {
-    /// The page whose attempts are sent.
-    pub page: Option<String>,
     /// The highest id seen.
     pub high: i64,
     /// Ids below `high` not seen yet, with when they were first missed.
     gaps: BTreeMap<i64, Instant>,
     pub(super) counters: HashMap<String, PageCounters>,
-    /// The version of the body last sent.
-    pub(super) sent_version: Option<i64>,
 }
 
-/// What one poll brought for the chosen page and the page list.
+/// What one poll brought.
 #[derive(Debug, Default, PartialEq)]
 pub struct Absorbed {
     /// Pages whose counters changed, by id.
     pub pages: Vec<String>,
-    /// The chosen page's new attempts, oldest first.
+    /// The new attempts, of every page, oldest first.
     pub attempts: Vec<Attempt>,
 }
 
 impl Tail {
     /// A tail positioned after `high`, with `gaps` still to come.
-    pub fn new(page: Option<String>, high: i64, gaps: &[i64], now: Instant) -> Self {
+    pub fn new(high: i64, gaps: &[i64], now: Instant) -> Self {
         Self {
-            page,
             high,
             gaps: gaps.iter().map(|&id| (id, now)).collect(),
             counters: HashMap::new(),
-            sent_version: None,
         }
     }
 
@@ -149,9 +144,7 @@ impl Tail {
             if !out.pages.contains(&row.page_id) {
                 out.pages.push(row.page_id.clone());
             }
-            if self.page.as_ref() == Some(&row.page_id) {
-                out.attempts.push(row);
-            }
+            out.attempts.push(row);
         }
         self.gaps
             .retain(|_, since| now.duration_since(*since) < GAP_GRACE);
@@ -185,7 +178,7 @@ mod tests {
     #[test]
     fn a_row_committed_late_below_the_highest_id_is_still_counted_once() {
         let t0 = Instant::now();
-        let mut tail = Tail::new(Some("a".into()), 10, &[], t0);
+        let mut tail = Tail::new(10, &[], t0);
         // 12 commits before 11.
         let got = tail.absorb(vec![attempt(12, "b", "PUT", "accepted")], t0);
         assert_eq!(got.pages, ["b"]);
@@ -199,6 +192,7 @@ mod tests {
         );
         assert_eq!(got.pages, ["a"], "12 is not counted twice");
         assert_eq!(got.attempts.len(), 1);
+        assert_eq!(got.attempts[0].seq, 11);
         assert!(tail.gaps().is_empty());
         assert_eq!(tail.counters("b").unwrap().writes, 1);
         assert_eq!(tail.counters("a").unwrap().reads, 1);
@@ -207,7 +201,7 @@ mod tests {
     #[test]
     fn a_gap_that_never_commits_is_given_up_after_the_grace() {
         let t0 = Instant::now();
-        let mut tail = Tail::new(None, 0, &[], t0);
+        let mut tail = Tail::new(0, &[], t0);
         tail.absorb(vec![attempt(3, "a", "PUT", "accepted")], t0);
         assert_eq!(tail.gaps(), [1, 2]);
         tail.absorb(vec![], t0 + GAP_GRACE - Duration::from_millis(1));
@@ -219,7 +213,7 @@ mod tests {
     #[test]
     fn a_jump_of_the_sequence_opens_at_most_a_window_of_gaps() {
         let t0 = Instant::now();
-        let mut tail = Tail::new(None, 0, &[], t0);
+        let mut tail = Tail::new(0, &[], t0);
         tail.absorb(vec![attempt(1_000_000, "a", "PUT", "accepted")], t0);
         assert_eq!(tail.gaps().len() as i64, GAP_WINDOW);
         assert_eq!(tail.gaps()[0], 1_000_000 - GAP_WINDOW);

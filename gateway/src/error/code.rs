@@ -80,6 +80,11 @@ pub enum ErrorCode {
     IssuerUnavailable,
     /// 503: PostgreSQL cannot be reached; nothing was written.
     DatabaseUnavailable,
+    /// 503, with `Retry-After`: the dashboard streams' limit is reached.
+    TooManyStreams,
+    /// 503, with `Retry-After`: the connections' limit is reached; the
+    /// connection is closed.
+    TooManyConnections,
     /// 504: the deadline passed before anything was sent to the database.
     Timeout,
     /// 504: the deadline passed after the statement was sent: it may still commit.
@@ -105,11 +110,15 @@ pub enum Detail {
     FenceOrNull,
     /// `"GET"` or `"PUT"`.
     Method,
+    /// A count (0 or more).
+    Count,
+    /// `true` or `false`.
+    Flag,
 }
 
 impl ErrorCode {
     /// Every code, in the order of their statuses.
-    pub const ALL: [ErrorCode; 35] = [
+    pub const ALL: [ErrorCode; 37] = [
         Self::InvalidPageId,
         Self::InvalidFencingToken,
         Self::InvalidFencingIssuer,
@@ -143,6 +152,8 @@ impl ErrorCode {
         Self::Internal,
         Self::IssuerUnavailable,
         Self::DatabaseUnavailable,
+        Self::TooManyStreams,
+        Self::TooManyConnections,
         Self::Timeout,
         Self::OutcomeUnknown,
     ];
@@ -183,6 +194,8 @@ impl ErrorCode {
             Self::Internal => "internal",
             Self::IssuerUnavailable => "issuer_unavailable",
             Self::DatabaseUnavailable => "database_unavailable",
+            Self::TooManyStreams => "too_many_streams",
+            Self::TooManyConnections => "too_many_connections",
             Self::Timeout => "timeout",
             Self::OutcomeUnknown => "outcome_unknown",
         }
@@ -220,7 +233,10 @@ impl ErrorCode {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::FencingTokenRequired => StatusCode::PRECONDITION_REQUIRED,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::IssuerUnavailable | Self::DatabaseUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::IssuerUnavailable
+            | Self::DatabaseUnavailable
+            | Self::TooManyStreams
+            | Self::TooManyConnections => StatusCode::SERVICE_UNAVAILABLE,
             Self::Timeout | Self::OutcomeUnknown => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -268,6 +284,9 @@ impl ErrorCode {
                 ("method", Detail::Method),
                 ("token", Detail::TokenOrNull),
             ],
+            Self::TooManyStreams | Self::TooManyConnections => {
+                &[("limit", Detail::Count), ("per_address", Detail::Flag)]
+            }
             _ => &[],
         }
     }
@@ -308,6 +327,8 @@ impl ErrorCode {
             Self::Internal => "a bug: logged in full, answered generically",
             Self::IssuerUnavailable => "the token's issuer cannot be asked in time: fail closed, nothing written; retry later",
             Self::DatabaseUnavailable => "PostgreSQL cannot be reached: nothing written; retry later",
+            Self::TooManyStreams => "as many dashboard streams are open as the gateway serves (GATEWAY_MAX_STREAMS), or from this client's address (GATEWAY_MAX_STREAMS_PER_ADDRESS): retry after Retry-After seconds",
+            Self::TooManyConnections => "as many connections are open as the gateway serves (GATEWAY_MAX_CONNECTIONS), or from this client's address (GATEWAY_MAX_CONNECTIONS_PER_ADDRESS): the connection is closed; retry after Retry-After seconds",
             Self::Timeout => "the request's deadline passed before anything was sent to the database: nothing written",
             Self::OutcomeUnknown => "the deadline passed after the statement was sent: it may still commit; read before retrying",
         }

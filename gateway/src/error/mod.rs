@@ -2,7 +2,7 @@
 //! writes the JSON body `{"error": "<code>", "message": "...", ...details}`.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::http::header::WWW_AUTHENTICATE;
+use axum::http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -115,6 +115,14 @@ pub enum ApiError {
     /// connection could be had in time). Nothing was written.
     #[error("the database is unavailable; retry later")]
     DatabaseUnavailable(#[source] DbError),
+    /// 503 `too_many_streams`, with `Retry-After`: the dashboard streams'
+    /// limit is reached, overall or for this client's address.
+    #[error("{} dashboard streams are open{}, the most this gateway serves; retry later", limit, if *per_address { " from your address" } else { "" })]
+    TooManyStreams { limit: usize, per_address: bool },
+    /// 503 `too_many_connections`, with `Retry-After`: written by the accept
+    /// loop, which then closes the connection.
+    #[error("{} connections are open{}, the most this gateway serves; retry later", limit, if *per_address { " from your address" } else { "" })]
+    TooManyConnections { limit: usize, per_address: bool },
     /// 504 `timeout`: the request's deadline passed before its statement was
     /// sent to the database: the page was not written.
     #[error("the request took too long and was given up before anything was sent to the database: the page was not written")]
@@ -182,6 +190,8 @@ impl ApiError {
             Self::BodyTooLarge => ErrorCode::BodyTooLarge,
             Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
             Self::DatabaseUnavailable(_) => ErrorCode::DatabaseUnavailable,
+            Self::TooManyStreams { .. } => ErrorCode::TooManyStreams,
+            Self::TooManyConnections { .. } => ErrorCode::TooManyConnections,
             Self::Timeout => ErrorCode::Timeout,
             Self::OutcomeUnknown { .. } => ErrorCode::OutcomeUnknown,
             Self::Internal(_) => ErrorCode::Internal,
@@ -234,6 +244,10 @@ impl ApiError {
             Self::PageNotFound { id, fence } => json!({"id": id, "fence": fence}),
             Self::OutcomeUnknown { id, method, token } => {
                 json!({"id": id, "method": method, "token": token})
+            }
+            Self::TooManyStreams { limit, per_address }
+            | Self::TooManyConnections { limit, per_address } => {
+                json!({"limit": limit, "per_address": per_address})
             }
             _ => json!({}),
         };
@@ -316,6 +330,15 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if matches!(
+            self,
+            Self::TooManyStreams { .. } | Self::TooManyConnections { .. }
+        ) {
+            response.headers_mut().insert(
+                RETRY_AFTER,
+                HeaderValue::from(crate::limits::RETRY_AFTER.as_secs()),
+            );
         }
         response.extensions_mut().insert(Outcome(self.code()));
         response
@@ -418,6 +441,14 @@ mod tests {
             ApiError::BodyTooLarge,
             ApiError::UnsupportedMediaType,
             ApiError::DatabaseUnavailable(DbError::Unavailable("down".into())),
+            ApiError::TooManyStreams {
+                limit: 16,
+                per_address: true,
+            },
+            ApiError::TooManyConnections {
+                limit: 1024,
+                per_address: false,
+            },
             ApiError::Timeout,
             ApiError::OutcomeUnknown {
                 id: "p".into(),
@@ -455,6 +486,8 @@ mod tests {
                 | ApiError::BodyTooLarge
                 | ApiError::UnsupportedMediaType
                 | ApiError::DatabaseUnavailable(_)
+                | ApiError::TooManyStreams { .. }
+                | ApiError::TooManyConnections { .. }
                 | ApiError::Timeout
                 | ApiError::OutcomeUnknown { .. }
                 | ApiError::Internal(_) => {}

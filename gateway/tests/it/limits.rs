@@ -1,6 +1,7 @@
 //! Slow and greedy clients: a client that stalls in the middle of its request
-//! line is cut off after the header-read timeout while others are served, and
-//! connections beyond the cap wait to be accepted instead of breaking anything.
+//! line is cut off after the header-read timeout while others are served;
+//! connections and dashboard streams beyond their caps, overall or from one
+//! address, are refused at once (503 with `Retry-After`), never queued.
 
 use std::time::Duration;
 
@@ -75,8 +76,41 @@ async fn a_stalled_client_is_cut_off_after_the_header_timeout_while_others_are_s
     api.put_fenced("p", "still fine", 2).await.expect(200);
 }
 
+/// Read a whole HTTP/1.1 answer on `stream` (the gateway closes it after a
+/// refusal), within `limit`.
+async fn answer_within(mut stream: TcpStream, limit: Duration) -> String {
+    let mut answer = Vec::new();
+    tokio::time::timeout(limit, stream.read_to_end(&mut answer))
+        .await
+        .unwrap_or_else(|_| panic!("no answer within {limit:?}: the connection hangs"))
+        .expect("read the answer");
+    String::from_utf8(answer).expect("an HTTP answer")
+}
+
+/// A connection to `addr` from the loopback address `from` (127.0.0.0/8:
+/// each is another client address to the gateway).
+async fn connect_from(from: &str, addr: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(format!("{from}:0").parse().unwrap())
+        .expect("bind a loopback address");
+    socket.connect(addr).await.expect("connect")
+}
+
+/// The JSON body of a refusal, after checking its head.
+fn refusal(answer: &str, code: &str) -> serde_json::Value {
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
+    assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("retry-after: 2"), "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(body["error"], code, "{body}");
+    body
+}
+
 #[tokio::test]
-async fn connections_beyond_the_cap_wait_to_be_accepted_and_are_then_served() {
+async fn connections_beyond_the_cap_are_refused_at_once_and_served_again_once_places_free() {
     let timeout = Duration::from_secs(2);
     let (gw, api, _) = gateway_with(
         keyed(FenceCheck::Enforce)
@@ -90,46 +124,147 @@ async fn connections_beyond_the_cap_wait_to_be_accepted_and_are_then_served() {
     drop(api);
     wait_open_connections(&gw, 0).await;
 
-    // Neither stalled client can be cut off before `timeout` after this.
-    let stalled_at = Instant::now();
     let first = stalled_client(gw.addr()).await;
     let second = stalled_client(gw.addr()).await;
     wait_open_connections(&gw, 2).await;
 
-    // A third client: the kernel completes its connection (the listen
-    // backlog), but the gateway does not accept it while the cap is reached.
-    let waiting = tokio::spawn({
-        let api = Api::new(gw.url()).as_client("tester");
-        async move {
-            let reply = api.get("p", &[]).await.expect(200);
-            (Instant::now(), reply.json["body"].clone())
-        }
-    });
-    let first = tokio::spawn(closed_by_server(first, timeout + SLACK));
-    let second = tokio::spawn(closed_by_server(second, timeout + SLACK));
-    let (served_at, body) = waiting.await.unwrap();
-    assert_eq!(body, "text");
+    // A third client is answered at once, not left in the listen backlog.
+    let asked = Instant::now();
+    let mut third = TcpStream::connect(gw.addr()).await.unwrap();
+    third
+        .write_all(b"GET /pages/p HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = answer_within(third, timeout).await;
+    let body = refusal(&answer, "too_many_connections");
+    assert_eq!(body["limit"], 2);
+    assert_eq!(body["per_address"], false);
     assert!(
-        served_at - stalled_at >= timeout,
-        "the third connection was served after {:?}, before a stalled one could be cut off",
-        served_at - stalled_at
+        asked.elapsed() < timeout,
+        "refused after {:?}",
+        asked.elapsed()
     );
-    first.await.unwrap();
-    second.await.unwrap();
 
-    // Many more clients than places: all are served, in turn.
-    let mut clients = Vec::new();
-    for i in 0..12 {
-        let api = Api::new(gw.url()).as_client("tester");
-        clients.push(tokio::spawn(async move {
-            api.put_fenced("p", &format!("client {i}"), 1)
+    // Once the stalled clients are cut off, clients are served again.
+    closed_by_server(first, timeout + SLACK).await;
+    closed_by_server(second, timeout + SLACK).await;
+    wait_open_connections(&gw, 0).await;
+    let api = Api::new(gw.url()).as_client("tester");
+    assert_eq!(api.get("p", &[]).await.expect(200).json["body"], "text");
+    api.put_fenced("p", "served again", 2).await.expect(200);
+}
+
+#[tokio::test]
+async fn one_address_cannot_take_every_connection() {
+    let timeout = Duration::from_secs(2);
+    let (gw, api, _) = gateway_with(
+        keyed(FenceCheck::Enforce)
+            .max_connections_per_address(2)
+            .header_read_timeout(timeout),
+    )
+    .await;
+    api.put_fenced("p", "text", 1).await.expect(201);
+    drop(api);
+    wait_open_connections(&gw, 0).await;
+
+    let mut greedy = Vec::new();
+    for _ in 0..2 {
+        let mut c = connect_from("127.0.0.2", gw.addr()).await;
+        c.write_all(b"GET /pages/p HT").await.unwrap();
+        greedy.push(c);
+    }
+    wait_open_connections(&gw, 2).await;
+    let answer = answer_within(connect_from("127.0.0.2", gw.addr()).await, timeout).await;
+    let body = refusal(&answer, "too_many_connections");
+    assert_eq!(
+        (body["limit"].as_u64(), body["per_address"].as_bool()),
+        (Some(2), Some(true))
+    );
+
+    // Another address is served meanwhile.
+    let mut other = connect_from("127.0.0.3", gw.addr()).await;
+    other
+        .write_all(b"GET /pages/p HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = answer_within(other, timeout).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+}
+
+/// A GET of the event stream from `from` (a loopback address), answered.
+async fn open_stream(gw: &gateway::RunningGateway, from: &str) -> reqwest::Response {
+    reqwest::Client::builder()
+        .local_address(from.parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap()
+        .get(format!("{}/dashboard/events?page=p", gw.url()))
+        .send()
+        .await
+        .expect("stream request")
+}
+
+#[tokio::test]
+async fn streams_beyond_their_caps_are_refused_at_once_while_writes_land() {
+    let (gw, api, _) = gateway_with(keyed(FenceCheck::Enforce).max_streams(6, 2)).await;
+    api.put_fenced("p", "text", 1).await.expect(201);
+
+    // Far more streams than the caps, from four addresses at once.
+    let mut opening = Vec::new();
+    for i in 0..40 {
+        let gw_url = gw.url();
+        let from = format!("127.0.0.{}", 2 + i % 4);
+        opening.push(tokio::spawn(async move {
+            let asked = Instant::now();
+            let response = reqwest::Client::builder()
+                .local_address(from.parse::<std::net::IpAddr>().unwrap())
+                .build()
+                .unwrap()
+                .get(format!("{gw_url}/dashboard/events?page=p"))
+                .send()
                 .await
-                .status
-                .as_u16()
+                .expect("stream request");
+            (asked.elapsed(), response)
         }));
     }
-    for c in clients {
-        assert_eq!(c.await.unwrap(), 200);
+    let (mut open, mut refused) = (Vec::new(), Vec::new());
+    for o in opening {
+        let (took, response) = o.await.unwrap();
+        if response.status() == 200 {
+            open.push(response);
+        } else {
+            refused.push((took, response));
+        }
     }
-    assert!(gw.state().metrics.open_connections() <= 2);
+    // Two from each of four addresses would be eight: the overall cap wins.
+    assert_eq!(open.len(), 6, "streams open");
+    assert_eq!(gw.state().streams.open(), 6);
+    for (took, response) in refused {
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()["retry-after"], "2");
+        assert!(took < Duration::from_secs(5), "refused after {took:?}");
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"], "too_many_streams", "{body}");
+    }
+
+    // A writer is not held up by the open streams.
+    let put = Instant::now();
+    api.put_fenced("p", "written under the streams", 2)
+        .await
+        .expect(200);
+    assert!(
+        put.elapsed() < Duration::from_secs(2),
+        "the PUT took {:?}",
+        put.elapsed()
+    );
+
+    // A closed stream gives its place back.
+    drop(open.pop());
+    harness::wait_until(Duration::from_secs(20), || async {
+        match open_stream(&gw, "127.0.0.9").await.status().as_u16() {
+            200 => Ok(()),
+            s => Err(format!("still refused: {s}")),
+        }
+    })
+    .await
+    .expect("the freed place is taken");
 }
