@@ -140,6 +140,11 @@ pub struct Config {
     /// is fastest; HTTP connections are multiplexed onto them).
     #[arg(long, env = "GATEWAY_DB_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
     pub db_pool_size: u32,
+    /// PostgreSQL connections of the public reads (unfenced GETs, /pages,
+    /// history, the dashboard), a pool apart from the writers': a flood of
+    /// readers waits for these, never for the writers' connections.
+    #[arg(long, env = "GATEWAY_DB_READ_POOL_SIZE", default_value_t = crate::DEFAULT_READ_POOL_SIZE)]
+    pub db_read_pool_size: u32,
     /// `required`: a PUT, and any request with Fencing-Token, needs
     /// `Authorization: Bearer <key>` (the gateway refuses to start without a
     /// key). `off`: anybody may write (a WARN at start).
@@ -312,6 +317,14 @@ impl Config {
         }
     }
 
+    /// The public reads' pool: the request pool's settings with its own size.
+    pub fn read_pool_options(&self) -> PoolOptions {
+        PoolOptions {
+            max_connections: self.db_read_pool_size,
+            ..self.pool_options()
+        }
+    }
+
     /// The request pool's settings.
     pub fn pool_options(&self) -> PoolOptions {
         PoolOptions {
@@ -352,6 +365,8 @@ pub struct GatewayOptions {
     pub fencing: FenceCheck,
     /// PostgreSQL connections (wins over `pool.max_connections`).
     pub pool_size: u32,
+    /// PostgreSQL connections of the public reads' pool.
+    pub read_pool_size: u32,
     /// The request pool's checks and timeouts.
     pub pool: PoolOptions,
     pub trust: TrustOptions,
@@ -373,6 +388,7 @@ impl GatewayOptions {
         GatewayOptions {
             fencing,
             pool_size: DEFAULT_POOL_SIZE,
+            read_pool_size: crate::DEFAULT_READ_POOL_SIZE,
             pool: PoolOptions::default(),
             trust: TrustOptions::off(),
             serve: ServeOptions::default(),
@@ -387,6 +403,7 @@ impl GatewayOptions {
         Ok(GatewayOptions {
             fencing: config.fencing,
             pool_size: config.db_pool_size,
+            read_pool_size: config.db_read_pool_size,
             pool: config.pool_options(),
             trust: config.trust_options()?,
             serve: config.serve_options(),
@@ -477,6 +494,20 @@ impl GatewayOptions {
     pub fn pool_options(mut self, pool: PoolOptions) -> Self {
         self.pool = pool;
         self
+    }
+
+    pub fn read_pool_size(mut self, n: u32) -> Self {
+        self.read_pool_size = n;
+        self
+    }
+
+    /// The public reads' pool as spawned: `pool` with `read_pool_size`
+    /// connections.
+    pub fn read_pool_options_resolved(&self) -> PoolOptions {
+        PoolOptions {
+            max_connections: self.read_pool_size,
+            ..self.pool
+        }
     }
 
     /// The request pool as spawned: `pool` with `pool_size` connections.

@@ -158,6 +158,8 @@ pub const DEFAULT_LOG_FILTER: &str = "gateway=info,tower_http=info";
 
 /// Default for `--db-pool-size` and [`spawn`].
 pub const DEFAULT_POOL_SIZE: u32 = 10;
+/// Default size of the public reads' pool (`GATEWAY_DB_READ_POOL_SIZE`).
+pub const DEFAULT_READ_POOL_SIZE: u32 = 4;
 
 /// Whether the gateway checks the fence (refuses stale tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -174,6 +176,10 @@ pub enum FenceCheck {
 pub struct AppState {
     /// The connections requests use (see [`db`]).
     pub db: Db,
+    /// The public reads' connections (unfenced GETs, `/pages`, history, the
+    /// dashboard): apart from [`AppState::db`], so that a flood of readers
+    /// cannot take the writers' connections ([`AppState::with_read_pool`]).
+    pub reads: Db,
     pub fencing: FenceCheck,
     pub metrics: Arc<Metrics>,
     /// Cancelled when [`serve`] starts draining: responses that never end by
@@ -202,6 +208,7 @@ impl AppState {
     pub fn with_trust(db: Db, fencing: FenceCheck, trust: Trust) -> Self {
         Self {
             hub: dashboard::Hub::new(db.clone()),
+            reads: db.clone(),
             db,
             fencing,
             metrics: Arc::new(Metrics::new()),
@@ -210,6 +217,14 @@ impl AppState {
             deadlines: Deadlines::default(),
             streams: limits::StreamLimits::default(),
         }
+    }
+
+    /// With a pool of its own for the public reads (without one, they share
+    /// the request pool).
+    pub fn with_read_pool(mut self, reads: Db) -> Self {
+        self.hub = dashboard::Hub::new(reads.clone());
+        self.reads = reads;
+        self
     }
 
     /// With the stream limits of `options` (the connection limits are the
@@ -232,8 +247,8 @@ impl AppState {
     /// [`db`]); this is for a state whose pool was made for another URL.
     pub fn following(mut self, database_url: &str) -> anyhow::Result<Self> {
         self.db = request_pool(database_url, *self.db.options())?;
-        self.hub = dashboard::Hub::new(self.db.clone());
-        Ok(self)
+        let reads = request_pool(database_url, *self.reads.options())?;
+        Ok(self.with_read_pool(reads))
     }
 }
 
@@ -427,10 +442,12 @@ pub async fn spawn_with_options(
         check_schema(database_url, Duration::ZERO).await?;
     }
     let db = request_pool(database_url, options.pool_options_resolved())?;
+    let reads = request_pool(database_url, options.read_pool_options_resolved())?;
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
     // Db::new follows the primary of a multi-host URL itself.
     let state = AppState::with_trust(db, options.fencing, trust)
+        .with_read_pool(reads)
         .with_deadlines(options.deadlines)
         .with_limits(&options.serve);
     let (stop, stopped) = oneshot::channel::<()>();

@@ -70,6 +70,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         refuse(e);
     }
     let db = gateway::request_pool(database_url, config.pool_options())?;
+    let reads = gateway::request_pool(database_url, config.read_pool_options())?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("bind {}", config.listen))?;
@@ -89,6 +90,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     gateway::serve_with(
         listener,
         AppState::with_trust(db.clone(), config.fencing, trust)
+            .with_read_pool(reads.clone())
             .with_deadlines(config.deadlines())
             .with_limits(&limits),
         limits,
@@ -96,6 +98,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     )
     .await?;
     db.close();
+    reads.close();
     tracing::info!("stopped");
     Ok(())
 }

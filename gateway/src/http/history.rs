@@ -77,6 +77,6 @@ async fn page_history(
             "limit must be from 1 to 10000",
         ));
     }
-    let history = store::history(&state.db, &id, limit).await?;
+    let history = store::history(&state.reads, &id, limit).await?;
     Ok(sorted_json(&History { id, history })?.into_response())
 }

@@ -182,7 +182,7 @@ async fn get_page(
     h: FencingHeaders,
 ) -> Result<Response, ApiError> {
     if h.token.is_none() {
-        let page = store::read(&state.db, &id)
+        let page = store::read(&state.reads, &id)
             .await?
             .ok_or(ApiError::PageNotFound { id, fence: None })?;
         return Ok(page_response(StatusCode::OK, page, "read"));
@@ -336,7 +336,7 @@ errors!(ListPagesErrors = [DatabaseUnavailable]);
     )
 )]
 async fn list_pages(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let rows = store::list(&state.db).await?;
+    let rows = store::list(&state.reads).await?;
     let pages = rows
         .into_iter()
         .map(|r| PageSummary {

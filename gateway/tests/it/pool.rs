@@ -48,8 +48,9 @@ async fn a_half_open_connection_is_found_by_the_idle_check_and_the_request_fails
     api.put_fenced("p", "before", 1).await.expect(201);
     // Busy connections are reused without a ping: a request right after the
     // last one goes through as usual.
+    // (A GET without a token is a public read: the read pool's.)
     api.get("p", &[]).await.expect(200);
-    assert_eq!(gw.state().db.idle_connections(), 1);
+    assert_eq!(gw.state().reads.idle_connections(), 1);
 
     // The path to PostgreSQL goes silent, and the idle connection ages past
     // the idle check (the condition under test is the time it sat idle).
@@ -65,7 +66,7 @@ async fn a_half_open_connection_is_found_by_the_idle_check_and_the_request_fails
         "a request on a half-open connection took {took:?}"
     );
     assert_eq!(
-        gw.state().db.idle_connections(),
+        gw.state().reads.idle_connections(),
         0,
         "the dead connection was closed, not put back"
     );
@@ -76,4 +77,54 @@ async fn a_half_open_connection_is_found_by_the_idle_check_and_the_request_fails
     assert_eq!(page.json["body"], "before");
     api.put_fenced("p", "after", 1).await.expect(200);
     gw.shutdown().await.unwrap();
+}
+
+/// Public reads have a pool of their own: with every read connection taken
+/// (a flood of readers), reads wait and are refused 503, and writes and
+/// fenced reads still land at once on the writers' pool.
+#[tokio::test]
+async fn readers_holding_every_read_connection_do_not_hold_up_writers() {
+    let url = harness::fresh_database().await;
+    let gw = gateway::spawn_with_options(
+        &url,
+        keyed(FenceCheck::Enforce).pool_size(2).read_pool_size(1),
+    )
+    .await
+    .unwrap();
+    let api = Api::new(gw.url()).as_client("tester");
+    api.put_fenced("p", "text", 1).await.expect(201);
+
+    // The one read connection, held as a stuck reader would.
+    let held = gw
+        .state()
+        .reads
+        .acquire()
+        .await
+        .expect("the read connection");
+    let asked = Instant::now();
+    let (read, list, history, write) = tokio::join!(
+        api.get("p", &[]),
+        api.get_path("/pages"),
+        api.get_path("/pages/p/history"),
+        async {
+            let r = api.put_fenced("p", "written meanwhile", 2).await;
+            (r, asked.elapsed())
+        },
+    );
+    for reply in [read, list, history] {
+        reply.expect(503);
+    }
+    let (write, took) = write;
+    write.expect(200);
+    assert!(
+        took < Duration::from_secs(2),
+        "the write waited {took:?}: it needed a read connection"
+    );
+    api.get("p", &[("Fencing-Token", "2")]).await.expect(200);
+
+    drop(held);
+    assert_eq!(
+        api.get("p", &[]).await.expect(200).json["body"],
+        "written meanwhile"
+    );
 }
