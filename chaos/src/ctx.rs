@@ -247,14 +247,27 @@ impl<'a> Ctx<'a> {
             let v: serde_json::Value = resp.error_for_status()?.json().await?;
             v["body"].as_str().unwrap_or_default().to_string()
         };
-        let history: serde_json::Value = http
-            .get(format!("{page_url}/history?limit=10000"))
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        let history = report::parse_history(&history);
+        // Every attempt, newest first, a page of 1000 at a time.
+        let mut entries: Vec<serde_json::Value> = Vec::new();
+        loop {
+            let before = entries
+                .last()
+                .map_or(i64::MAX, |e| e["seq"].as_i64().unwrap_or(0));
+            let got: serde_json::Value = http
+                .get(format!("{page_url}/history?limit=1000&before={before}"))
+                .send()
+                .await?
+                .error_for_status()?
+                .json()
+                .await?;
+            let got = got["history"].as_array().cloned().unwrap_or_default();
+            let full = got.len() == 1000;
+            entries.extend(got);
+            if !full {
+                break;
+            }
+        }
+        let history = report::parse_history(&serde_json::Value::Array(entries));
         let events = self.log.all();
         if let Some(dir) = std::env::var_os("CHAOS_EVENTS_DIR") {
             // Every event of the row, with the runner's receive time, for a post-mortem.

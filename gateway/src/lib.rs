@@ -61,7 +61,9 @@
 //!   (`GET /docs/`).
 //! - [`metrics`]: the Prometheus registry behind `GET /metrics`.
 //! - [`dashboard`]: the live page at `/dashboard` and its event stream (the
-//!   page, the stream, the snapshot and polls, the tail).
+//!   page, the stream, the gateway's one tail of the history).
+//! - [`limits`]: the caps on connections and streams, overall and per
+//!   client address.
 //!
 //! # HTTP API
 //! - `GET /pages/{id}`: `{"id","body","version","fence"}` with `ETag: "<version>"`.
@@ -78,7 +80,7 @@
 //!   configured (409 `unknown_issuer`); a token above what it has minted for
 //!   the page's lock (or when it cannot say) needs `"force": true` (409
 //!   `force_required`). See docs/OPERATIONS.md.
-//! - `GET /pages/{id}/history?limit=N`: `{"id", "history": [{"seq","at","method",
+//! - `GET /pages/{id}/history?limit=N&before=SEQ`: `{"id", "history": [{"seq","at","method",
 //!   "outcome","token","issuer","client_id","version","fence_token"}]}`, newest
 //!   first; `seq` increases in commit order. Outcomes: `accepted`, `stale`
 //!   (accepted with fencing off although older than the fence), `stale_token`,
@@ -90,7 +92,10 @@
 //!   with its `reason` and `force`). Requests refused before
 //!   reaching a page (400, 401, 403, 413, 415, 428, 409 `unknown_issuer`, 503)
 //!   leave no history.
-//! - `GET /pages`, `GET /healthz`, `GET /readyz`, `GET /metrics`: public.
+//! - `GET /pages?limit=N&after=ID`: `{"pages": [{"id","version","fence"}]}`,
+//!   by id. It and the history come a page at a time (`limit` 1 to 1000,
+//!   default 100), with `Link: <next>; rel="next"` while a page is full.
+//! - `GET /healthz`, `GET /readyz`, `GET /metrics`: public.
 //! - `GET /` (redirect), `GET /dashboard`, `GET /dashboard/events?page=ID`
 //!   (server-sent events): public, like the history they show.
 //! - `GET /openapi.json` (this API as OpenAPI 3.1: every route, header,

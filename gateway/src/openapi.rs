@@ -66,8 +66,9 @@ pub fn base() -> OpenApi {
 
 /// What the annotations cannot say: every object the gateway sends or takes
 /// has exactly its declared fields (`additionalProperties: false`); `ETag`,
-/// `Location` and `WWW-Authenticate` are always sent (`required`), `ETag` a
-/// quoted version. A JSON value, not utoipa's `OpenApi`: these touches use
+/// `Location` and `WWW-Authenticate` are always sent (`required`; `Link`,
+/// the lists' next page, only while a page is full), `ETag` a quoted
+/// version. A JSON value, not utoipa's `OpenApi`: these touches use
 /// fields utoipa's types do not have (a header's `required`).
 pub fn document(spec: OpenApi) -> Value {
     let mut value = serde_json::to_value(&spec).expect("the description is JSON");
@@ -99,7 +100,7 @@ pub fn document(spec: OpenApi) -> Value {
                 continue;
             };
             for (name, header) in headers.iter_mut() {
-                header["required"] = Value::Bool(true);
+                header["required"] = Value::Bool(name != "Link");
                 if name == "ETag" {
                     header["schema"] = json!({"type": "string", "pattern": "^\"[0-9]{1,19}\"$"});
                 }

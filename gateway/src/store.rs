@@ -57,14 +57,19 @@ pub async fn fence(db: &Db, id: &str) -> Result<Option<Fence>, DbError> {
 
 static LIST: Sql = Sql {
     text: "select id, null::text, version, fence_issuer, fence_token
-           from pages where body is not null order by id",
-    types: &[],
+           from pages where body is not null and id > $1 order by id limit $2",
+    types: &[Type::TEXT, Type::INT8],
 };
 
-/// Every written page, by id (bodies left out).
-pub async fn list(db: &Db) -> Result<Vec<Row>, DbError> {
+/// The first `limit` written pages with an id after `after`, by id (bodies
+/// left out; on the primary key).
+pub async fn list(db: &Db, after: &str, limit: i64) -> Result<Vec<Row>, DbError> {
     let mut conn = db.acquire().await?;
-    conn.query(&LIST, &[]).await?.iter().map(page_row).collect()
+    conn.query(&LIST, &[&after, &limit])
+        .await?
+        .iter()
+        .map(page_row)
+        .collect()
 }
 
 /// One attempt on a page, as `GET /pages/{id}/history` shows it.
@@ -111,14 +116,20 @@ pub struct HistoryEntry {
 
 static HISTORY: Sql = Sql {
     text: "select id, at, method, outcome, token, issuer, client_id, version, fence_token, reason, force
-           from page_history where page_id = $1 order by id desc limit $2",
-    types: &[Type::TEXT, Type::INT8],
+           from page_history where page_id = $1 and id < $3 order by id desc limit $2",
+    types: &[Type::TEXT, Type::INT8, Type::INT8],
 };
 
-/// The newest `limit` attempts on a page, newest first.
-pub async fn history(db: &Db, id: &str, limit: i64) -> Result<Vec<HistoryEntry>, DbError> {
+/// The newest `limit` attempts on a page with a `seq` below `before`,
+/// newest first (on the index by page and id).
+pub async fn history(
+    db: &Db,
+    id: &str,
+    limit: i64,
+    before: i64,
+) -> Result<Vec<HistoryEntry>, DbError> {
     let mut conn = db.acquire().await?;
-    conn.query(&HISTORY, &[&id, &limit])
+    conn.query(&HISTORY, &[&id, &limit, &before])
         .await?
         .iter()
         .map(|r| {

@@ -351,9 +351,20 @@ impl Stack {
     /// Page `id`'s history, oldest first, or `None` while no gateway with a
     /// primary answers (a failover in progress).
     pub fn try_history(&self, id: &str) -> Option<Vec<Value>> {
-        let got = self.curl(&format!("/pages/{id}/history?limit=10000"))?;
-        let v: Value = serde_json::from_str(&got).ok()?;
-        let mut entries = v["history"].as_array()?.clone();
+        let mut entries: Vec<Value> = Vec::new();
+        loop {
+            let before = entries
+                .last()
+                .map_or(i64::MAX, |e| e["seq"].as_i64().unwrap_or(0));
+            let got = self.curl(&format!("/pages/{id}/history?limit=1000&before={before}"))?;
+            let v: Value = serde_json::from_str(&got).ok()?;
+            let page = v["history"].as_array()?.clone();
+            let full = page.len() == 1000;
+            entries.extend(page);
+            if !full {
+                break;
+            }
+        }
         entries.reverse();
         Some(entries)
     }

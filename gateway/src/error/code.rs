@@ -24,7 +24,7 @@ pub enum ErrorCode {
     /// 400: the body is JSON of the right shape with a value the route refuses
     /// (a NUL character), or could not be read.
     InvalidBody,
-    /// 400: `limit` is not from 1 to 10000.
+    /// 400: `limit` is not from 1 to 1000.
     InvalidLimit,
     /// 400: a path segment that is not valid percent-encoded UTF-8.
     InvalidPath,
@@ -301,7 +301,7 @@ impl ErrorCode {
             Self::InvalidIfMatch => "If-Match is not a quoted version such as \"3\", or was sent twice",
             Self::InvalidJson => "the body is not JSON, or not of the shape the route takes (unknown fields are refused)",
             Self::InvalidBody => "the body could not be read, or holds a value the route refuses (a NUL character)",
-            Self::InvalidLimit => "limit is not from 1 to 10000",
+            Self::InvalidLimit => "limit is not from 1 to 1000",
             Self::InvalidPath => "a path segment is not valid percent-encoded UTF-8",
             Self::InvalidQuery => "the query string is not one the route takes (unknown parameters are refused)",
             Self::InvalidReason => "reason is empty, longer than 1000 characters, or has a NUL",

@@ -13,6 +13,7 @@ use crate::store::{self, HistoryEntry};
 use crate::AppState;
 
 use super::extractors::{PageId, QueryParams};
+use super::paging;
 use super::sorted_json;
 
 /// `GET /pages/{id}/history`.
@@ -20,14 +21,18 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(page_history))
 }
 
-/// `?limit=N`.
+/// `?limit=N&before=SEQ`.
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct HistoryParams {
-    /// The newest `limit` attempts, 1 to 10000 (default 100).
-    #[param(minimum = 1, maximum = 10000, example = 3)]
+    /// The newest `limit` attempts, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000, example = 3)]
     limit: Option<i64>,
+    /// Only attempts with a `seq` below this: the next page starts below
+    /// the last `seq` of the one before (the `Link` header names it).
+    #[param(minimum = 1)]
+    before: Option<i64>,
 }
 
 /// A page's attempts, newest first.
@@ -61,7 +66,9 @@ errors!(
     tag = "pages",
     params(PageIdParam, HistoryParams),
     responses(
-        (status = 200, description = "The attempts, newest first", body = History),
+        (status = 200, description = "The attempts, newest first", body = History,
+            headers(("Link" = String, description = "`<...?limit=N&before=SEQ>; rel=\"next\"` \
+                when `limit` attempts were answered: the next (older) page"))),
         PageHistoryErrors,
     )
 )]
@@ -70,13 +77,25 @@ async fn page_history(
     PageId(id): PageId,
     QueryParams(params): QueryParams<HistoryParams>,
 ) -> Result<Response, ApiError> {
-    let limit = params.limit.unwrap_or(100);
-    if !(1..=10_000).contains(&limit) {
-        return Err(ApiError::bad_request(
-            ErrorCode::InvalidLimit,
-            "limit must be from 1 to 10000",
-        ));
-    }
-    let history = store::history(&state.reads, &id, limit).await?;
-    Ok(sorted_json(&History { id, history })?.into_response())
+    let limit = paging::limit(params.limit)?;
+    let before = match params.before {
+        None => i64::MAX,
+        Some(seq) if seq >= 1 => seq,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                ErrorCode::InvalidQuery,
+                "before must be a seq of 1 or more",
+            ))
+        }
+    };
+    let history = store::history(&state.reads, &id, limit, before).await?;
+    let full = history.len() as i64 == limit;
+    let last = history.last().map_or(0, |h| h.seq);
+    let next = || format!("/pages/{id}/history?limit={limit}&before={last}");
+    let response = sorted_json(&History {
+        id: id.clone(),
+        history,
+    })?
+    .into_response();
+    Ok(paging::link_next(response, full, next))
 }

@@ -14,6 +14,7 @@
 //!   is safe.
 //! - `pages.rs`: `GET /pages`, `GET` and `PUT /pages/{id}`.
 //! - `history.rs`: `GET /pages/{id}/history`.
+//! - `paging.rs`: their keyset pagination (`limit`, and `Link` to the next).
 //! - `admin.rs`: `POST /admin/pages/{id}/fence`.
 //! - `health.rs`: `/healthz`, `/readyz`, `/metrics`.
 //!
@@ -27,6 +28,7 @@ mod health;
 mod history;
 mod issuer_check;
 mod pages;
+mod paging;
 
 use std::sync::LazyLock;
 

@@ -18,8 +18,9 @@ use crate::store::{self, Access, Fence, Page, Verdict};
 use crate::{AppState, FenceCheck};
 
 use super::deadline::{run_fenced, Sent};
-use super::extractors::{FencingHeaders, JsonBody, PageId};
+use super::extractors::{FencingHeaders, JsonBody, PageId, QueryParams};
 use super::issuer_check::check_with_issuer;
+use super::paging;
 use super::sorted_json;
 
 /// `GET /pages`, `GET` and `PUT /pages/{id}`.
@@ -304,7 +305,7 @@ async fn put_page(
     Ok(page_response(status, page, outcome_label(verdict)))
 }
 
-/// Every page (bodies left out).
+/// Written pages (bodies left out).
 #[derive(Serialize, ToSchema)]
 pub struct PageList {
     pub pages: Vec<PageSummary>,
@@ -321,22 +322,53 @@ pub struct PageSummary {
     pub fence: Option<Fence>,
 }
 
-errors!(ListPagesErrors = [DatabaseUnavailable]);
+/// `?limit=N&after=ID`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// The first `limit` pages, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000, example = 10)]
+    limit: Option<i64>,
+    /// Only pages whose id sorts after this one: the next page starts after
+    /// the last id of the one before (the `Link` header names it).
+    #[param(pattern = "^[A-Za-z0-9_-]{1,128}$")]
+    after: Option<String>,
+}
 
-/// Every page, with its version and fence.
+errors!(
+    ListPagesErrors = [
+        InvalidLimit,
+        InvalidPageId,
+        InvalidQuery,
+        DatabaseUnavailable
+    ]
+);
+
+/// The written pages, by id, with their versions and fences.
 #[utoipa::path(
     get,
     path = "/pages",
     operation_id = "list_pages",
     tag = "pages",
+    params(ListParams),
     responses(
         (status = 200, description = "The pages, by id", body = PageList,
+            headers(("Link" = String, description = "`</pages?limit=N&after=ID>; rel=\"next\"` \
+                when `limit` pages were answered: the next page")),
             links(("First" = (operation_id = "get_page", parameters(("id" = "$response.body#/pages/0/id")))))),
         ListPagesErrors,
     )
 )]
-async fn list_pages(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let rows = store::list(&state.reads).await?;
+async fn list_pages(
+    State(state): State<AppState>,
+    QueryParams(params): QueryParams<ListParams>,
+) -> Result<Response, ApiError> {
+    let limit = paging::limit(params.limit)?;
+    let after = params.after.map(PageId::parse).transpose()?.map(|p| p.0);
+    let rows = store::list(&state.reads, after.as_deref().unwrap_or(""), limit).await?;
+    let full = rows.len() as i64 == limit;
+    let last = rows.last().map(|r| r.id.clone()).unwrap_or_default();
     let pages = rows
         .into_iter()
         .map(|r| PageSummary {
@@ -345,5 +377,8 @@ async fn list_pages(State(state): State<AppState>) -> Result<Response, ApiError>
             fence: r.fence,
         })
         .collect();
-    Ok(sorted_json(&PageList { pages })?.into_response())
+    let response = sorted_json(&PageList { pages })?.into_response();
+    Ok(paging::link_next(response, full, || {
+        format!("/pages?limit={limit}&after={last}")
+    }))
 }

@@ -284,6 +284,30 @@ async fn every_bad_input_gets_its_status_and_json_code_and_writes_nothing() {
             "invalid_limit",
         ),
         (
+            "history limit over the maximum",
+            api.http.get(api.url("/pages/p/history?limit=1001")),
+            400,
+            "invalid_limit",
+        ),
+        (
+            "history before zero",
+            api.http.get(api.url("/pages/p/history?before=0")),
+            400,
+            "invalid_query",
+        ),
+        (
+            "list limit over the maximum",
+            api.http.get(api.url("/pages?limit=1001")),
+            400,
+            "invalid_limit",
+        ),
+        (
+            "list after an invalid page id",
+            api.http.get(api.url("/pages?after=a%20b")),
+            400,
+            "invalid_page_id",
+        ),
+        (
             "unknown route",
             api.http.get(api.url("/nowhere")),
             404,
@@ -375,6 +399,69 @@ async fn history_lists_every_attempt_newest_first_with_its_details() {
 
     let limited = api.get_path("/pages/p/history?limit=1").await.expect(200);
     assert_eq!(limited.json["history"].as_array().unwrap().len(), 1);
+}
+
+/// The next page's URL, from `Link: <URL>; rel="next"`.
+fn next_link(reply: &Reply) -> Option<String> {
+    let link = reply.headers.get("link")?.to_str().unwrap();
+    let url = link.strip_prefix('<')?.split_once(">; rel=\"next\"")?.0;
+    Some(url.to_owned())
+}
+
+/// The lists are answered a page at a time: a default of 100, at most 1000,
+/// and a `Link` to the next page while a page is full; following the links
+/// gives every item once, in order.
+#[tokio::test]
+async fn lists_and_history_come_a_page_at_a_time_with_a_link_to_the_next() {
+    let (_gw, api, _) = gateway(FenceCheck::Enforce).await;
+    for i in 0..5 {
+        api.put_fenced(&format!("p{i}"), "x", 1).await.expect(201);
+    }
+    for t in 2..=7 {
+        api.put_fenced("p0", "x", t).await.expect(200);
+    }
+
+    let mut ids = Vec::new();
+    let mut path = "/pages?limit=2".to_owned();
+    loop {
+        let reply = api.get_path(&path).await.expect(200);
+        for p in reply.json["pages"].as_array().unwrap() {
+            ids.push(p["id"].as_str().unwrap().to_owned());
+        }
+        match next_link(&reply) {
+            Some(next) => path = next,
+            None => break,
+        }
+    }
+    assert_eq!(ids, ["p0", "p1", "p2", "p3", "p4"]);
+    let all = api.get_path("/pages").await.expect(200);
+    assert_eq!(all.json["pages"].as_array().unwrap().len(), 5);
+    assert!(
+        next_link(&all).is_none(),
+        "a page that is not full has no next"
+    );
+
+    let mut seqs = Vec::new();
+    let mut path = "/pages/p0/history?limit=3".to_owned();
+    let mut pages = 0;
+    loop {
+        let reply = api.get_path(&path).await.expect(200);
+        pages += 1;
+        for h in reply.json["history"].as_array().unwrap() {
+            seqs.push(h["seq"].as_i64().unwrap());
+        }
+        match next_link(&reply) {
+            Some(next) => path = next,
+            None => break,
+        }
+    }
+    assert_eq!(seqs.len(), 7, "every attempt once: {seqs:?}");
+    assert!(
+        seqs.windows(2).all(|w| w[0] > w[1]),
+        "newest first: {seqs:?}"
+    );
+    // 3 + 3 + 1; a last page that happens to be full is followed by an empty one.
+    assert_eq!(pages, 3);
 }
 
 #[tokio::test]

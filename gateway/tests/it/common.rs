@@ -227,12 +227,22 @@ impl Api {
         .expect("the gateway is ready again");
     }
 
+    /// The whole history, newest first, page after page.
     pub async fn history(&self, id: &str) -> Vec<Value> {
-        let r = self
-            .get_path(&format!("/pages/{id}/history?limit=10000"))
-            .await
-            .expect(200);
-        r.json["history"].as_array().expect("history array").clone()
+        let mut all: Vec<Value> = Vec::new();
+        loop {
+            let before = all.last().map_or(i64::MAX, |e| e["seq"].as_i64().unwrap());
+            let r = self
+                .get_path(&format!("/pages/{id}/history?limit=1000&before={before}"))
+                .await
+                .expect(200);
+            let page = r.json["history"].as_array().expect("history array").clone();
+            let full = page.len() == 1000;
+            all.extend(page);
+            if !full {
+                return all;
+            }
+        }
     }
     /// The page (`None` for 404) and its whole history: what a rejection
     /// must leave as it was.

@@ -245,11 +245,23 @@ impl Smoke {
 
     /// Page `demo`'s history, oldest first (empty while no gateway answers).
     fn history(&self) -> Vec<Value> {
-        let Some(got) = self.curl("/pages/demo/history?limit=10000") else {
-            return Vec::new();
-        };
-        let v: Value = serde_json::from_str(&got).expect("history JSON");
-        let mut entries = v["history"].as_array().cloned().unwrap_or_default();
+        let mut entries: Vec<Value> = Vec::new();
+        loop {
+            let before = entries
+                .last()
+                .map_or(i64::MAX, |e| e["seq"].as_i64().unwrap_or(0));
+            let path = format!("/pages/demo/history?limit=1000&before={before}");
+            let Some(got) = self.curl(&path) else {
+                return Vec::new();
+            };
+            let v: Value = serde_json::from_str(&got).expect("history JSON");
+            let page = v["history"].as_array().cloned().unwrap_or_default();
+            let full = page.len() == 1000;
+            entries.extend(page);
+            if !full {
+                break;
+            }
+        }
         entries.reverse();
         entries
     }

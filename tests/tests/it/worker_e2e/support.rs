@@ -160,10 +160,23 @@ impl Scene {
 
     /// The history of `page`, newest first.
     pub async fn history(&self, page: &str) -> Vec<Value> {
-        get_json(&format!("{}/pages/{page}/history?limit=10000", self.url)).await["history"]
-            .as_array()
-            .expect("history array")
-            .clone()
+        let mut all: Vec<Value> = Vec::new();
+        loop {
+            let before = all.last().map_or(i64::MAX, |e| e["seq"].as_i64().unwrap());
+            let url = format!(
+                "{}/pages/{page}/history?limit=1000&before={before}",
+                self.url
+            );
+            let got = get_json(&url).await["history"]
+                .as_array()
+                .expect("history array")
+                .clone();
+            let full = got.len() == 1000;
+            all.extend(got);
+            if !full {
+                return all;
+            }
+        }
     }
 
     /// `GET /pages/{page}`'s status (404: never written).
