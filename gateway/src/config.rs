@@ -145,6 +145,11 @@ pub struct Config {
     /// readers waits for these, never for the writers' connections.
     #[arg(long, env = "GATEWAY_DB_READ_POOL_SIZE", default_value_t = crate::DEFAULT_READ_POOL_SIZE)]
     pub db_read_pool_size: u32,
+    /// Most requests waiting for a connection of a pool while all its
+    /// connections are taken; more are answered 503 database_unavailable at
+    /// once instead of queueing.
+    #[arg(long, env = "GATEWAY_DB_MAX_WAITING", default_value_t = crate::db::DEFAULT_MAX_WAITING)]
+    pub db_max_waiting: u32,
     /// `required`: a PUT, and any request with Fencing-Token, needs
     /// `Authorization: Bearer <key>` (the gateway refuses to start without a
     /// key). `off`: anybody may write (a WARN at start).
@@ -329,6 +334,7 @@ impl Config {
     pub fn pool_options(&self) -> PoolOptions {
         PoolOptions {
             max_connections: self.db_pool_size,
+            max_waiting: self.db_max_waiting,
             check_after_idle: self.db_idle_check,
             max_lifetime: self.db_max_lifetime,
             ..PoolOptions::default()

@@ -116,6 +116,9 @@ pub struct Sql {
     pub types: &'static [Type],
 }
 
+/// Default of [`PoolOptions::max_waiting`] (`--db-max-waiting`).
+pub const DEFAULT_MAX_WAITING: u32 = 128;
+
 /// How the pool treats its connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolOptions {
@@ -124,6 +127,10 @@ pub struct PoolOptions {
     /// Longest a request waits for a live connection (a free one, pinged if
     /// it was idle, or a new one) before it is answered 503.
     pub acquire_timeout: Duration,
+    /// Most requests waiting for a connection while all are taken; one
+    /// more is answered 503 at once (load shedding) instead of waiting
+    /// `acquire_timeout` in a queue that cannot drain in time.
+    pub max_waiting: u32,
     /// Longest one connection attempt may take (TCP, startup, authentication).
     pub connect_timeout: Duration,
     /// A connection idle for longer than this is pinged before it is reused.
@@ -148,6 +155,7 @@ impl Default for PoolOptions {
         PoolOptions {
             max_connections: crate::DEFAULT_POOL_SIZE,
             acquire_timeout: Duration::from_secs(2),
+            max_waiting: DEFAULT_MAX_WAITING,
             connect_timeout: Duration::from_secs(2),
             check_after_idle: Duration::from_secs(5),
             ping_timeout: Duration::from_secs(1),
@@ -176,6 +184,17 @@ struct Inner {
     options: PoolOptions,
     idle: Mutex<Vec<Idle>>,
     permits: Arc<Semaphore>,
+    /// Requests in [`Db::acquire`] now, served or waiting.
+    acquiring: AtomicUsize,
+}
+
+/// One request counted in [`Inner::acquiring`] until dropped.
+struct Acquiring<'a>(&'a AtomicUsize);
+
+impl Drop for Acquiring<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// One server to connect to.
@@ -247,6 +266,7 @@ impl Db {
                 options,
                 idle: Mutex::new(Vec::new()),
                 permits: Arc::new(Semaphore::new(options.max_connections.max(1) as usize)),
+                acquiring: AtomicUsize::new(0),
             }),
         })
     }
@@ -291,9 +311,19 @@ impl Db {
         &self.inner.options
     }
 
-    /// A live connection, within [`PoolOptions::acquire_timeout`] in all.
+    /// A live connection, within [`PoolOptions::acquire_timeout`] in all;
+    /// 503 at once when [`PoolOptions::max_waiting`] requests wait already.
     pub async fn acquire(&self) -> Result<Conn, DbError> {
-        let limit = self.inner.options.acquire_timeout;
+        let options = &self.inner.options;
+        // With every connection taken, the requests in here all wait.
+        let waiting = self.inner.acquiring.fetch_add(1, Ordering::SeqCst);
+        let _counted = Acquiring(&self.inner.acquiring);
+        if waiting >= options.max_waiting as usize && self.inner.permits.available_permits() == 0 {
+            return Err(DbError::Unavailable(format!(
+                "{waiting} requests wait for a database connection already"
+            )));
+        }
+        let limit = options.acquire_timeout;
         tokio::time::timeout(limit, self.acquire_inner())
             .await
             .map_err(|_| {

@@ -128,3 +128,55 @@ async fn readers_holding_every_read_connection_do_not_hold_up_writers() {
         "written meanwhile"
     );
 }
+
+/// A pool whose connections are all taken queues at most `max_waiting`
+/// requests; the rest are answered 503 at once instead of waiting for the
+/// acquire timeout in a queue that cannot drain (load shedding).
+#[tokio::test]
+async fn beyond_the_waiting_requests_a_pool_sheds_load_at_once() {
+    let url = harness::fresh_database().await;
+    let acquire_timeout = Duration::from_secs(3);
+    let gw = gateway::spawn_with_options(
+        &url,
+        keyed(FenceCheck::Enforce)
+            .read_pool_size(1)
+            .pool_options(PoolOptions {
+                max_waiting: 2,
+                acquire_timeout,
+                ..PoolOptions::default()
+            }),
+    )
+    .await
+    .unwrap();
+    let api = Api::new(gw.url()).as_client("tester");
+    api.put_fenced("p", "text", 1).await.expect(201);
+    let held = gw
+        .state()
+        .reads
+        .acquire()
+        .await
+        .expect("the read connection");
+
+    let mut readers = Vec::new();
+    for _ in 0..8 {
+        let api = api.clone();
+        readers.push(tokio::spawn(async move {
+            let asked = Instant::now();
+            let reply = api.get_path("/pages").await;
+            (asked.elapsed(), reply)
+        }));
+    }
+    let (mut at_once, mut waited) = (0, 0);
+    for r in readers {
+        let (took, reply) = r.await.unwrap();
+        reply.expect_error(503, "database_unavailable");
+        if took < acquire_timeout / 2 {
+            at_once += 1;
+        } else {
+            waited += 1;
+        }
+    }
+    assert_eq!((at_once, waited), (6, 2), "shed at once, and waited");
+    drop(held);
+    api.get_path("/pages").await.expect(200);
+}
