@@ -5,6 +5,7 @@
 //! with the password: the caller names its issuer.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -14,6 +15,7 @@ use redis::{
     RedisConnectionInfo,
 };
 
+use super::connection::{answered, unanswered};
 use crate::LockError;
 
 /// Deadline of each step of master discovery (connect, ask, check `ROLE`).
@@ -72,6 +74,23 @@ pub(super) struct Discovery {
     master_name: String,
     /// For the sentinels and the master alike; `None`: anonymous.
     credentials: Option<Credentials>,
+    /// A connection kept per sentinel for the lookups.
+    kept: Kept,
+}
+
+/// One connection per sentinel, in the list's order, kept between holder
+/// lookups: each lookup asks every sentinel, and a new connection each
+/// time (name resolution, TCP, `AUTH`) took more than the storage's 500 ms
+/// on a loaded machine, so the lookup failed closed. A connection whose
+/// request fails, times out or is abandoned is forgotten; the next lookup
+/// connects anew.
+#[derive(Clone, Default)]
+struct Kept(Arc<Vec<tokio::sync::Mutex<Option<MultiplexedConnection>>>>);
+
+impl fmt::Debug for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} kept sentinel connections", self.0.len())
+    }
 }
 
 impl fmt::Display for Discovery {
@@ -105,10 +124,17 @@ impl Discovery {
                 "sentinel master name is empty".into(),
             ));
         }
+        let kept = Kept(Arc::new(
+            sentinels
+                .iter()
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
+        ));
         Ok(Discovery {
             sentinels,
             master_name: master_name.trim().to_string(),
             credentials,
+            kept,
         })
     }
 
@@ -132,17 +158,41 @@ impl Discovery {
         ))
     }
 
-    /// The master's address and its `config-epoch` as `sentinel` names them
-    /// (`SENTINEL MASTER`).
-    async fn master_epoch(&self, sentinel: &str) -> Result<(u64, String), String> {
-        let mut conn = self.connect(sentinel, &step_config()).await?;
-        let fields: Vec<String> = step(
+    /// The master's address and its `config-epoch` as the `i`th sentinel
+    /// names them (`SENTINEL MASTER`), on its kept connection.
+    async fn master_epoch(&self, i: usize) -> Result<(u64, String), String> {
+        let kept = &self.kept.0[i];
+        let cached = kept.lock().await.clone();
+        let mut conn = match cached {
+            Some(conn) => conn,
+            None => {
+                let conn = self.connect(&self.sentinels[i], &step_config()).await?;
+                *kept.lock().await = Some(conn.clone());
+                conn
+            }
+        };
+        // Abandoned before its answer (the storage gave up): forget the
+        // connection, which may have stopped answering.
+        let pending = unanswered(|| {
+            if let Ok(mut k) = kept.try_lock() {
+                *k = None;
+            }
+        });
+        let asked = step(
             redis::cmd("SENTINEL")
                 .arg("MASTER")
                 .arg(&self.master_name)
-                .query_async(&mut conn),
+                .query_async::<Vec<String>>(&mut conn),
         )
-        .await?;
+        .await;
+        answered(pending);
+        let fields = match asked {
+            Ok(fields) => fields,
+            Err(e) => {
+                *kept.lock().await = None;
+                return Err(e);
+            }
+        };
         let field = |name: &str| {
             fields
                 .chunks(2)
@@ -177,7 +227,7 @@ impl Discovery {
             .sentinels
             .iter()
             .enumerate()
-            .map(|(i, s)| async move { (i, self.master_epoch(s).await) })
+            .map(|(i, _)| async move { (i, self.master_epoch(i).await) })
             .collect();
         let started = tokio::time::Instant::now();
         let mut best: Option<(u64, usize, String)> = None;

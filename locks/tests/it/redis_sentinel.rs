@@ -221,3 +221,31 @@ async fn a_lookup_follows_the_sentinel_that_knows_the_latest_failover() {
     );
     lease.release().await.unwrap();
 }
+
+/// Every holder lookup asks every sentinel; a new connection each time
+/// (name resolution, TCP, `AUTH`) once took longer than a storage's 500 ms
+/// on a loaded machine. The lookups keep one connection per sentinel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_lookups_keep_one_connection_per_sentinel() {
+    let group = SentinelGroup::start_with_acl().await;
+    let storage = client(&group, "storage").await;
+    assert_eq!(storage.current_holder("page").await, Ok(None));
+    let mut sentinels = Vec::new();
+    for admin in group.sentinel_addrs_as(ADMIN) {
+        sentinels.push(raw(&format!("redis://{admin}/")).await);
+    }
+    let mut before = Vec::new();
+    for s in &mut sentinels {
+        before.push(connections_received(s).await);
+    }
+    for _ in 0..20 {
+        assert_eq!(storage.current_holder("page").await, Ok(None));
+    }
+    for (i, s) in sentinels.iter_mut().enumerate() {
+        assert_eq!(
+            connections_received(s).await - before[i],
+            0,
+            "sentinel {i} was connected to anew by 20 lookups"
+        );
+    }
+}
