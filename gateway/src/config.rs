@@ -232,6 +232,14 @@ pub struct Config {
     /// too_many_streams (with Retry-After).
     #[arg(long, env = "GATEWAY_MAX_STREAMS", default_value_t = crate::limits::DEFAULT_MAX_STREAMS)]
     pub max_streams: usize,
+    /// Fenced requests (PUTs, fenced GETs) a second per client key; more are
+    /// answered 429 rate_limited with Retry-After. 0: no limit.
+    #[arg(long, env = "GATEWAY_WRITE_RATE_PER_KEY", default_value_t = 0)]
+    pub write_rate_per_key: u32,
+    /// How many fenced requests a client may send at once above its rate
+    /// (the bucket's size). 0: as many as the rate.
+    #[arg(long, env = "GATEWAY_WRITE_BURST_PER_KEY", default_value_t = 0)]
+    pub write_burst_per_key: u32,
     /// Most dashboard event streams open at once from one client address.
     #[arg(long, env = "GATEWAY_MAX_STREAMS_PER_ADDRESS", default_value_t = crate::limits::DEFAULT_MAX_STREAMS_PER_ADDRESS)]
     pub max_streams_per_address: usize,
@@ -377,6 +385,8 @@ pub struct GatewayOptions {
     pub pool: PoolOptions,
     pub trust: TrustOptions,
     pub serve: ServeOptions,
+    /// Fenced requests a second per client, and the burst (0: no limit).
+    pub write_rate: (u32, u32),
     pub deadlines: Deadlines,
     /// Whether the spawn applies the migrations first, with its own URL (a
     /// test's superuser database): [`crate::schema::migrate`], as `gateway
@@ -398,6 +408,7 @@ impl GatewayOptions {
             pool: PoolOptions::default(),
             trust: TrustOptions::off(),
             serve: ServeOptions::default(),
+            write_rate: (0, 0),
             deadlines: Deadlines::default(),
             migrate: true,
             error: None,
@@ -413,6 +424,7 @@ impl GatewayOptions {
             pool: config.pool_options(),
             trust: config.trust_options()?,
             serve: config.serve_options(),
+            write_rate: (config.write_rate_per_key, config.write_burst_per_key),
             deadlines: config.deadlines(),
             migrate: false,
             error: None,
@@ -539,6 +551,13 @@ impl GatewayOptions {
 
     pub fn max_connections(mut self, n: usize) -> Self {
         self.serve.max_connections = n;
+        self
+    }
+
+    /// At most `per_second` fenced requests a second per client, in bursts
+    /// of `burst` (0: as many as the rate).
+    pub fn write_rate(mut self, per_second: u32, burst: u32) -> Self {
+        self.write_rate = (per_second, burst);
         self
     }
 

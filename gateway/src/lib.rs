@@ -90,7 +90,7 @@
 //!   minted in turn; nothing else written),
 //!   `fence_set` (an admin's change: method `ADMIN`, client `admin:<name>`,
 //!   with its `reason` and `force`). Requests refused before
-//!   reaching a page (400, 401, 403, 413, 415, 428, 409 `unknown_issuer`, 503)
+//!   reaching a page (400, 401, 403, 413, 415, 428, 429, 409 `unknown_issuer`, 503)
 //!   leave no history.
 //! - `GET /pages?limit=N&after=ID`: `{"pages": [{"id","version","fence"}]}`,
 //!   by id. It and the history come a page at a time (`limit` 1 to 1000,
@@ -126,6 +126,7 @@ pub mod limits;
 pub mod metrics;
 pub mod openapi;
 pub mod page_issuers;
+pub mod rate;
 pub mod schema;
 pub mod secrets;
 pub mod server;
@@ -199,6 +200,8 @@ pub struct AppState {
     pub hub: Arc<dashboard::Hub>,
     /// How many dashboard streams may be open ([`AppState::with_limits`]).
     pub streams: limits::StreamLimits,
+    /// Each client's rate of fenced requests (none by default).
+    pub write_rate: rate::WriteRate,
 }
 
 impl AppState {
@@ -221,6 +224,7 @@ impl AppState {
             trust: Arc::new(trust),
             deadlines: Deadlines::default(),
             streams: limits::StreamLimits::default(),
+            write_rate: rate::WriteRate::default(),
         }
     }
 
@@ -237,6 +241,12 @@ impl AppState {
     pub fn with_limits(mut self, options: &ServeOptions) -> Self {
         self.streams =
             limits::StreamLimits::new(options.max_streams, options.max_streams_per_address);
+        self
+    }
+
+    /// With a rate per client for fenced requests.
+    pub fn with_write_rate(mut self, rate: rate::WriteRate) -> Self {
+        self.write_rate = rate;
         self
     }
 
@@ -454,7 +464,11 @@ pub async fn spawn_with_options(
     let state = AppState::with_trust(db, options.fencing, trust)
         .with_read_pool(reads)
         .with_deadlines(options.deadlines)
-        .with_limits(&options.serve);
+        .with_limits(&options.serve)
+        .with_write_rate(rate::WriteRate::new(
+            options.write_rate.0,
+            options.write_rate.1,
+        ));
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(serve_with(listener, state.clone(), options.serve, async {
         let _ = stopped.await;

@@ -81,6 +81,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         max_connections_per_address = limits.max_connections_per_address,
         max_streams = limits.max_streams,
         max_streams_per_address = limits.max_streams_per_address,
+        write_rate_per_key = config.write_rate_per_key,
         header_read_timeout = ?limits.header_read_timeout,
         request_timeout = ?config.request_timeout,
         outcome_wait = ?config.outcome_wait,
@@ -92,7 +93,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         AppState::with_trust(db.clone(), config.fencing, trust)
             .with_read_pool(reads.clone())
             .with_deadlines(config.deadlines())
-            .with_limits(&limits),
+            .with_limits(&limits)
+            .with_write_rate(gateway::rate::WriteRate::new(
+                config.write_rate_per_key,
+                config.write_burst_per_key,
+            )),
         limits,
         shutdown_signal(),
     )

@@ -143,6 +143,14 @@ pub enum GatewayError {
     /// 412 `version_mismatch`: If-Match did not match the page's version.
     #[error("412 version_mismatch: {message}")]
     VersionMismatch { message: String },
+    /// 429 `rate_limited`: this client's writes are over the rate the
+    /// gateway allows it; nothing written. Retryable after `retry_after`
+    /// (its `Retry-After`).
+    #[error("429 rate_limited: {message}")]
+    RateLimited {
+        retry_after: std::time::Duration,
+        message: String,
+    },
     /// Gateway unreachable, timed out, or answering 502/503/504. Retryable.
     #[error("gateway unavailable: {detail}")]
     Unavailable { detail: String },
@@ -181,9 +189,9 @@ impl GatewayError {
     /// must be sorted too.
     fn remedy(&self) -> Remedy {
         match self {
-            GatewayError::Unavailable { .. } | GatewayError::IssuerUnavailable { .. } => {
-                Remedy::Retry
-            }
+            GatewayError::Unavailable { .. }
+            | GatewayError::IssuerUnavailable { .. }
+            | GatewayError::RateLimited { .. } => Remedy::Retry,
             GatewayError::StaleToken { .. }
             | GatewayError::IssuerMismatch { .. }
             | GatewayError::TokenNotCurrent { .. } => Remedy::LockMovedOn,
@@ -195,6 +203,14 @@ impl GatewayError {
             | GatewayError::OutcomeUnknown { .. }
             | GatewayError::Http { .. }
             | GatewayError::Protocol { .. } => Remedy::Decide,
+        }
+    }
+
+    /// How long the gateway asked us to wait before retrying, if it did.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
+            _ => None,
         }
     }
 
@@ -231,6 +247,7 @@ impl GatewayError {
             GatewayError::IssuerUnavailable { .. } => (503, "issuer_unavailable"),
             GatewayError::VersionMismatch { .. } => (412, "version_mismatch"),
             GatewayError::Unavailable { .. } => (503, "unavailable"),
+            GatewayError::RateLimited { .. } => (429, "rate_limited"),
             GatewayError::OutcomeUnknown { .. } => (504, "outcome_unknown"),
             GatewayError::Http { status, .. } => (*status, "http_error"),
             GatewayError::Protocol { .. } => (0, "protocol"),
@@ -331,15 +348,18 @@ impl GatewayClient {
             }
         }
         if !status.is_success() {
+            let retry_after = retry_after_of(&resp);
             let text = resp.text().await.unwrap_or_default();
-            return Err(match parse_error(status, &text, fence) {
-                // A fenced read only raises the fence to our own token: doing
-                // it again is safe, so it is retried like any 503.
-                GatewayError::OutcomeUnknown { message } => GatewayError::Unavailable {
-                    detail: format!("504 outcome_unknown: {message}"),
+            return Err(
+                match with_wait(parse_error(status, &text, fence), retry_after) {
+                    // A fenced read only raises the fence to our own token: doing
+                    // it again is safe, so it is retried like any 503.
+                    GatewayError::OutcomeUnknown { message } => GatewayError::Unavailable {
+                        detail: format!("504 outcome_unknown: {message}"),
+                    },
+                    other => other,
                 },
-                other => other,
-            });
+            );
         }
         resp.json::<Page>()
             .await
@@ -367,8 +387,9 @@ impl GatewayClient {
             .map_err(unreachable)?;
         let status = resp.status();
         if !status.is_success() {
+            let retry_after = retry_after_of(&resp);
             let text = resp.text().await.unwrap_or_default();
-            return Err(parse_error(status, &text, fence));
+            return Err(with_wait(parse_error(status, &text, fence), retry_after));
         }
         let page_doc = resp
             .json::<Page>()
@@ -380,6 +401,26 @@ impl GatewayClient {
             status: status.as_u16(),
             page: page_doc,
         })
+    }
+}
+
+/// `Retry-After` in seconds (the gateway sends no dates).
+fn retry_after_of(resp: &reqwest::Response) -> Option<std::time::Duration> {
+    let value = resp.headers().get(reqwest::header::RETRY_AFTER)?;
+    let secs: u64 = value.to_str().ok()?.trim().parse().ok()?;
+    Some(std::time::Duration::from_secs(secs))
+}
+
+/// The error with the wait its answer asked for.
+fn with_wait(e: GatewayError, wait: Option<std::time::Duration>) -> GatewayError {
+    match (e, wait) {
+        (GatewayError::RateLimited { message, .. }, Some(retry_after)) => {
+            GatewayError::RateLimited {
+                retry_after,
+                message,
+            }
+        }
+        (e, _) => e,
     }
 }
 
@@ -484,6 +525,11 @@ fn parse_error(status: StatusCode, text: &str, fence: Option<&OfferedToken>) -> 
             message,
         },
         (412, _) => GatewayError::VersionMismatch { message },
+        // A second unless the answer's Retry-After says otherwise (`with_wait`).
+        (429, _) => GatewayError::RateLimited {
+            retry_after: std::time::Duration::from_secs(1),
+            message,
+        },
         (504, "outcome_unknown") => GatewayError::OutcomeUnknown { message },
         (502..=504, _) => GatewayError::Unavailable {
             detail: format!("{status}: {message}"),
@@ -503,6 +549,22 @@ fn parse_error(status: StatusCode, text: &str, fence: Option<&OfferedToken>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_429_is_retried_after_the_wait_its_answer_names() {
+        let body = r#"{"error":"rate_limited","message":"limited","per_second":2}"#;
+        let e = parse_error(StatusCode::TOO_MANY_REQUESTS, body, None);
+        assert!(e.is_transient());
+        assert_eq!(e.status_and_code(), (429, "rate_limited"));
+        assert_eq!(e.retry_after(), Some(std::time::Duration::from_secs(1)));
+        let e = with_wait(e, Some(std::time::Duration::from_secs(3)));
+        assert_eq!(e.retry_after(), Some(std::time::Duration::from_secs(3)));
+        let other = with_wait(
+            parse_error(StatusCode::SERVICE_UNAVAILABLE, "{}", None),
+            Some(std::time::Duration::from_secs(3)),
+        );
+        assert_eq!(other.retry_after(), None, "only a 429's wait is kept");
+    }
 
     #[test]
     fn stale_token_error_carries_offered_and_current_tokens() {

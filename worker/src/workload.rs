@@ -25,7 +25,8 @@
 //! What no retry can fix ends the run with exit code 2 after releasing the
 //! lock: 401 (no or unknown API key), 403 (the key belongs to another client
 //! than `--client-id`) and 409 `unknown_issuer` (the gateway does not trust
-//! our lock service). 503 `issuer_unavailable` is retried like any 503.
+//! our lock service). 503 `issuer_unavailable` is retried like any 503, and
+//! 429 `rate_limited` after the `Retry-After` the gateway sent, not sooner.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -534,7 +535,12 @@ impl Workload {
                             message: e.to_string(),
                         },
                     );
-                    if !backoff.sleep_or(&self.stop).await {
+                    let slept = match e.retry_after() {
+                        // The gateway said how long: not sooner.
+                        Some(wait) => sleep_or(wait, &self.stop).await,
+                        None => backoff.sleep_or(&self.stop).await,
+                    };
+                    if !slept {
                         return Tried::Interrupted;
                     }
                     if let Some(reason) = lease.lost_reason() {
@@ -738,6 +744,14 @@ impl Workload {
     }
 }
 
+/// Sleep `delay`; `false` if `stop` fired first.
+async fn sleep_or(delay: Duration, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => true,
+        _ = stop.cancelled() => false,
+    }
+}
+
 /// Jittered exponential backoff, 50 ms doubling to 2 s.
 struct Backoff {
     next: Duration,
@@ -759,9 +773,6 @@ impl Backoff {
     async fn sleep_or(&mut self, stop: &CancellationToken) -> bool {
         let delay = self.next.mul_f64(rand::rng().random_range(0.5..1.5));
         self.next = (self.next * 2).min(Self::MAX);
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => true,
-            _ = stop.cancelled() => false,
-        }
+        sleep_or(delay, stop).await
     }
 }

@@ -72,6 +72,8 @@ pub enum ErrorCode {
     BodyTooLarge,
     /// 415: the body is not `application/json`.
     UnsupportedMediaType,
+    /// 429, with `Retry-After`: this client's writes are over its rate.
+    RateLimited,
     /// 428: a write without `Fencing-Token` while fencing is enforced.
     FencingTokenRequired,
     /// 500: a bug, logged in full and answered generically.
@@ -118,7 +120,7 @@ pub enum Detail {
 
 impl ErrorCode {
     /// Every code, in the order of their statuses.
-    pub const ALL: [ErrorCode; 37] = [
+    pub const ALL: [ErrorCode; 38] = [
         Self::InvalidPageId,
         Self::InvalidFencingToken,
         Self::InvalidFencingIssuer,
@@ -149,6 +151,7 @@ impl ErrorCode {
         Self::BodyTooLarge,
         Self::UnsupportedMediaType,
         Self::FencingTokenRequired,
+        Self::RateLimited,
         Self::Internal,
         Self::IssuerUnavailable,
         Self::DatabaseUnavailable,
@@ -191,6 +194,7 @@ impl ErrorCode {
             Self::BodyTooLarge => "body_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::FencingTokenRequired => "fencing_token_required",
+            Self::RateLimited => "rate_limited",
             Self::Internal => "internal",
             Self::IssuerUnavailable => "issuer_unavailable",
             Self::DatabaseUnavailable => "database_unavailable",
@@ -232,6 +236,7 @@ impl ErrorCode {
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::FencingTokenRequired => StatusCode::PRECONDITION_REQUIRED,
+            Self::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Self::IssuerUnavailable
             | Self::DatabaseUnavailable
@@ -284,6 +289,7 @@ impl ErrorCode {
                 ("method", Detail::Method),
                 ("token", Detail::TokenOrNull),
             ],
+            Self::RateLimited => &[("per_second", Detail::Count)],
             Self::TooManyStreams | Self::TooManyConnections => {
                 &[("limit", Detail::Count), ("per_address", Detail::Flag)]
             }
@@ -327,6 +333,7 @@ impl ErrorCode {
             Self::Internal => "a bug: logged in full, answered generically",
             Self::IssuerUnavailable => "the token's issuer cannot be asked in time: fail closed, nothing written; retry later",
             Self::DatabaseUnavailable => "PostgreSQL cannot be reached: nothing written; retry later",
+            Self::RateLimited => "this client's fenced requests are over its rate (GATEWAY_WRITE_RATE_PER_KEY): nothing written; retry after Retry-After seconds",
             Self::TooManyStreams => "as many dashboard streams are open as the gateway serves (GATEWAY_MAX_STREAMS), or from this client's address (GATEWAY_MAX_STREAMS_PER_ADDRESS): retry after Retry-After seconds",
             Self::TooManyConnections => "as many connections are open as the gateway serves (GATEWAY_MAX_CONNECTIONS), or from this client's address (GATEWAY_MAX_CONNECTIONS_PER_ADDRESS): the connection is closed; retry after Retry-After seconds",
             Self::Timeout => "the request's deadline passed before anything was sent to the database: nothing written",

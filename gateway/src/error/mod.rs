@@ -115,6 +115,13 @@ pub enum ApiError {
     /// connection could be had in time). Nothing was written.
     #[error("the database is unavailable; retry later")]
     DatabaseUnavailable(#[source] DbError),
+    /// 429 `rate_limited`, with `Retry-After`: this client's writes are over
+    /// its rate (`--write-rate-per-key`); nothing written.
+    #[error("this client's writes are limited to {per_second} a second; retry in {} ms", retry_after.as_millis())]
+    RateLimited {
+        per_second: u32,
+        retry_after: std::time::Duration,
+    },
     /// 503 `too_many_streams`, with `Retry-After`: the dashboard streams'
     /// limit is reached, overall or for this client's address.
     #[error("{} dashboard streams are open{}, the most this gateway serves; retry later", limit, if *per_address { " from your address" } else { "" })]
@@ -190,6 +197,7 @@ impl ApiError {
             Self::BodyTooLarge => ErrorCode::BodyTooLarge,
             Self::UnsupportedMediaType => ErrorCode::UnsupportedMediaType,
             Self::DatabaseUnavailable(_) => ErrorCode::DatabaseUnavailable,
+            Self::RateLimited { .. } => ErrorCode::RateLimited,
             Self::TooManyStreams { .. } => ErrorCode::TooManyStreams,
             Self::TooManyConnections { .. } => ErrorCode::TooManyConnections,
             Self::Timeout => ErrorCode::Timeout,
@@ -245,6 +253,7 @@ impl ApiError {
             Self::OutcomeUnknown { id, method, token } => {
                 json!({"id": id, "method": method, "token": token})
             }
+            Self::RateLimited { per_second, .. } => json!({"per_second": per_second}),
             Self::TooManyStreams { limit, per_address }
             | Self::TooManyConnections { limit, per_address } => {
                 json!({"limit": limit, "per_address": per_address})
@@ -331,14 +340,19 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if matches!(
-            self,
-            Self::TooManyStreams { .. } | Self::TooManyConnections { .. }
-        ) {
-            response.headers_mut().insert(
-                RETRY_AFTER,
-                HeaderValue::from(crate::limits::RETRY_AFTER.as_secs()),
-            );
+        let retry_after = match &self {
+            Self::TooManyStreams { .. } | Self::TooManyConnections { .. } => {
+                Some(crate::limits::RETRY_AFTER)
+            }
+            Self::RateLimited { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        };
+        if let Some(wait) = retry_after {
+            // Whole seconds, rounded up: never earlier than the wait.
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
         response.extensions_mut().insert(Outcome(self.code()));
         response
@@ -441,6 +455,10 @@ mod tests {
             ApiError::BodyTooLarge,
             ApiError::UnsupportedMediaType,
             ApiError::DatabaseUnavailable(DbError::Unavailable("down".into())),
+            ApiError::RateLimited {
+                per_second: 10,
+                retry_after: std::time::Duration::from_millis(100),
+            },
             ApiError::TooManyStreams {
                 limit: 16,
                 per_address: true,
@@ -486,6 +504,7 @@ mod tests {
                 | ApiError::BodyTooLarge
                 | ApiError::UnsupportedMediaType
                 | ApiError::DatabaseUnavailable(_)
+                | ApiError::RateLimited { .. }
                 | ApiError::TooManyStreams { .. }
                 | ApiError::TooManyConnections { .. }
                 | ApiError::Timeout

@@ -56,7 +56,7 @@ errors!(
 /// A page's history: every fenced read, write, refusal and admin change.
 ///
 /// Public. Newest first; `seq` increases in commit order. Requests refused
-/// before reaching the page (400, 401, 403, 413, 415, 428, 409
+/// before reaching the page (400, 401, 403, 413, 415, 428, 429, 409
 /// `unknown_issuer`, 503) leave no history. A page never accessed has an
 /// empty one.
 #[utoipa::path(

@@ -95,6 +95,9 @@ async fn fenced(
     write: Option<String>,
 ) -> Result<(Access, Verdict, store::Row), ApiError> {
     let method = if write.is_some() { "PUT" } else { "GET" };
+    state
+        .write_rate
+        .check(h.client_id.as_deref().unwrap_or_default())?;
     check_with_issuer(state, &id, method, &h).await?;
     let enforce = state.fencing == FenceCheck::Enforce;
     let page_issuer = match enforce {
@@ -121,6 +124,7 @@ async fn fenced(
 
 errors!(
     GetPageErrors = [
+        RateLimited,
         InvalidPageId,
         InvalidPath,
         InvalidFencingToken,
@@ -201,6 +205,7 @@ async fn get_page(
 
 errors!(
     PutPageErrors = [
+        RateLimited,
         InvalidPageId,
         InvalidPath,
         InvalidFencingToken,

@@ -268,3 +268,37 @@ async fn streams_beyond_their_caps_are_refused_at_once_while_writes_land() {
     .await
     .expect("the freed place is taken");
 }
+
+#[tokio::test]
+async fn a_client_over_its_write_rate_gets_429_with_the_wait_and_others_write_on() {
+    // One a second, so that a loaded machine's slow requests do not earn a
+    // new one during the test; bursts of two.
+    let (_gw, api, _) = gateway_with(keyed(FenceCheck::Enforce).write_rate(1, 2)).await;
+    // The burst: two at once.
+    api.put_fenced("p", "one", 1).await.expect(201);
+    api.put_fenced("p", "two", 2).await.expect(200);
+    let refused = api
+        .put_fenced("p", "three", 3)
+        .await
+        .expect_error(429, "rate_limited");
+    assert_eq!(refused.json["per_second"], 1);
+    let wait: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(wait, 1, "at most a second, rounded up");
+    // Nothing was written, and a fenced read counts too.
+    api.get("p", &[("Fencing-Token", "3")])
+        .await
+        .expect_error(429, "rate_limited");
+    assert_eq!(api.get("p", &[]).await.expect(200).json["body"], "two");
+
+    // Another client has its own bucket.
+    let other = api.as_client("alice");
+    other.put_fenced("q", "alice's", 1).await.expect(201);
+
+    // After the wait, the client writes again.
+    tokio::time::sleep(Duration::from_secs(wait)).await;
+    api.put_fenced("p", "three", 3).await.expect(200);
+}

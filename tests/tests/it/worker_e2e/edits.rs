@@ -157,3 +157,41 @@ async fn three_redis_workers_without_fencing_on_an_unfenced_gateway_keep_every_a
 async fn three_redis_workers_with_if_match_keep_every_acknowledged_edit() {
     three_workers_edit_one_page("redis", true, &["--if-match"]).await;
 }
+
+/// A gateway that limits each key's rate answers 429 with `Retry-After`; the
+/// worker waits as long as it is told, so every edit lands with about one
+/// 429 per throttled request, not a burst of quick retries (its own
+/// backoff starts at 50 ms and would be refused three or four times).
+#[tokio::test]
+async fn a_rate_limited_worker_waits_as_told_and_every_edit_lands() {
+    let locks = super::support::LockService::start("redis").await;
+    let issuer = locks.issuer();
+    // Two fenced requests a second, one at a time: an edit (a fenced read
+    // and a write) a second at most.
+    let options = super::support::keyed(FenceCheck::Enforce, issuer).write_rate(2, 1);
+    let scene = Scene::with(locks, options).await;
+    let flags = ["--edits", "5", "--work-ms", "0", "--ttl", "5s"];
+    let mut w = scene.worker("rated", "w1", &flags);
+    ran(&mut w)
+        .await
+        .exits(0)
+        .counts(&[("acknowledged", 5), ("rejected", 0)]);
+    let limited: Vec<&Value> = w
+        .events()
+        .iter()
+        .filter(|e| e["event"] == "error")
+        .filter(|e| {
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("429 rate_limited"))
+        })
+        .collect();
+    assert!(!limited.is_empty(), "the rate never bit: no 429 to honour");
+    assert!(limited.iter().all(|e| e["transient"] == true));
+    assert!(
+        limited.len() <= 10,
+        "{} answers 429 for 10 requests: the worker retried before Retry-After",
+        limited.len()
+    );
+    assert_eq!(scene.page_lines("rated").await.len(), 5);
+}
