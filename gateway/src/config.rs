@@ -3,6 +3,7 @@
 //! environment fallback) and the serving settings for a gateway spawned
 //! in-process ([`GatewayOptions`]).
 
+use crate::proxy_protocol::TrustedProxies;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -228,6 +229,13 @@ pub struct Config {
     /// the address is the balancer's.
     #[arg(long, env = "GATEWAY_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = crate::limits::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS)]
     pub max_connections_per_address: usize,
+    /// Balancers whose connections start with a PROXY protocol v2 header
+    /// (HAProxy's send-proxy-v2) naming the client, whose address the
+    /// per-address limits then count: IP addresses, commas or spaces. Their
+    /// connections without a valid header are closed; nobody else's may
+    /// carry one.
+    #[arg(long, env = "GATEWAY_TRUSTED_PROXIES", value_name = "IP,...")]
+    pub trusted_proxies: Option<String>,
     /// Most dashboard event streams open at once; more are answered 503
     /// too_many_streams (with Retry-After).
     #[arg(long, env = "GATEWAY_MAX_STREAMS", default_value_t = crate::limits::DEFAULT_MAX_STREAMS)]
@@ -320,14 +328,16 @@ impl Config {
     }
 
     /// The connection limits.
-    pub fn serve_options(&self) -> ServeOptions {
-        ServeOptions {
+    pub fn serve_options(&self) -> anyhow::Result<ServeOptions> {
+        Ok(ServeOptions {
             max_connections: self.max_connections,
             max_connections_per_address: self.max_connections_per_address,
             max_streams: self.max_streams,
             max_streams_per_address: self.max_streams_per_address,
             header_read_timeout: self.header_read_timeout,
-        }
+            trusted_proxies: TrustedProxies::parse(self.trusted_proxies.as_deref().unwrap_or(""))
+                .map_err(anyhow::Error::msg)?,
+        })
     }
 
     /// The public reads' pool: the request pool's settings with its own size.
@@ -423,7 +433,7 @@ impl GatewayOptions {
             read_pool_size: config.db_read_pool_size,
             pool: config.pool_options(),
             trust: config.trust_options()?,
-            serve: config.serve_options(),
+            serve: config.serve_options()?,
             write_rate: (config.write_rate_per_key, config.write_burst_per_key),
             deadlines: config.deadlines(),
             migrate: false,
@@ -558,6 +568,12 @@ impl GatewayOptions {
     /// of `burst` (0: as many as the rate).
     pub fn write_rate(mut self, per_second: u32, burst: u32) -> Self {
         self.write_rate = (per_second, burst);
+        self
+    }
+
+    /// Balancers whose connections start with a PROXY protocol v2 header.
+    pub fn trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
+        self.serve.trusted_proxies = proxies;
         self
     }
 

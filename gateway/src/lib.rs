@@ -126,6 +126,7 @@ pub mod limits;
 pub mod metrics;
 pub mod openapi;
 pub mod page_issuers;
+pub mod proxy_protocol;
 pub mod rate;
 pub mod schema;
 pub mod secrets;

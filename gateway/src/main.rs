@@ -64,6 +64,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         Ok(trust) => trust,
         Err(e) => refuse(e),
     };
+    let limits = match config.serve_options() {
+        Ok(limits) => limits,
+        Err(e) => refuse(e),
+    };
     let database_url = config.database_url.expose();
     // Read only: the gateway's role cannot migrate; `gateway setup` does.
     if let Err(e) = gateway::check_schema(database_url, CONNECT_PATIENCE).await {
@@ -74,7 +78,6 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("bind {}", config.listen))?;
-    let limits = config.serve_options();
     tracing::info!(
         fencing = ?config.fencing,
         max_connections = limits.max_connections,
@@ -82,6 +85,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         max_streams = limits.max_streams,
         max_streams_per_address = limits.max_streams_per_address,
         write_rate_per_key = config.write_rate_per_key,
+        trusted_proxies = ?limits.trusted_proxies.addresses(),
         header_read_timeout = ?limits.header_read_timeout,
         request_timeout = ?config.request_timeout,
         outcome_wait = ?config.outcome_wait,

@@ -33,6 +33,7 @@ use tower::ServiceExt;
 
 use crate::error::ApiError;
 use crate::limits::{self, ClientAddr, PerAddress};
+use crate::proxy_protocol::{self, TrustedProxies};
 use crate::AppState;
 
 /// Default for `--max-connections`.
@@ -47,7 +48,7 @@ pub const REFUSING: usize = 64;
 const REFUSAL_TIME: Duration = Duration::from_secs(1);
 
 /// Connection and stream limits of [`crate::serve_with`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServeOptions {
     /// Most connections served at once (at least 1).
     pub max_connections: usize,
@@ -60,8 +61,11 @@ pub struct ServeOptions {
     pub max_streams_per_address: usize,
     /// How long a request's head (request line and headers) may take to
     /// arrive, counted from the first read of it; also how long an idle
-    /// keep-alive connection is kept.
+    /// keep-alive connection is kept. A trusted proxy's PROXY header too.
     pub header_read_timeout: Duration,
+    /// Balancers whose connections start with a PROXY protocol v2 header
+    /// naming the client ([`crate::proxy_protocol`]).
+    pub trusted_proxies: TrustedProxies,
 }
 
 impl Default for ServeOptions {
@@ -72,6 +76,7 @@ impl Default for ServeOptions {
             max_streams: limits::DEFAULT_MAX_STREAMS,
             max_streams_per_address: limits::DEFAULT_MAX_STREAMS_PER_ADDRESS,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            trusted_proxies: TrustedProxies::default(),
         }
     }
 }
@@ -109,26 +114,48 @@ pub async fn serve_with(
             },
             () = &mut shutdown => break,
         };
-        let ip = peer.ip();
-        let Some(address) = per_address.try_take(ip) else {
-            refuse(&refusing, stream, options.max_connections_per_address, true);
-            continue;
-        };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             refuse(&refusing, stream, max, false);
             continue;
         };
         // Responses are written whole; do not let Nagle hold the last segment.
         let _ = stream.set_nodelay(true);
-        let client = ClientAddr(ip);
-        let service = router.clone().map_request(move |mut req: Request<_>| {
-            req.extensions_mut().insert(client);
-            req
-        });
-        let service = TowerToHyperService::new(service);
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         let open = metrics.connection_opened();
+        let trusted = options.trusted_proxies.contains(peer.ip());
+        let (router, builder, per_address, refusing) = (
+            router.clone(),
+            builder.clone(),
+            per_address.clone(),
+            refusing.clone(),
+        );
+        let limit = options.max_connections_per_address;
+        let timeout = options.header_read_timeout;
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
+            let mut stream = stream;
+            let ip = if trusted {
+                match proxy_protocol::read_header(&mut stream, peer.ip(), timeout).await {
+                    Ok(ip) => ip,
+                    Err(e) => {
+                        tracing::warn!(peer = %peer, "closed a trusted proxy's connection: {e}");
+                        return;
+                    }
+                }
+            } else {
+                peer.ip()
+            };
+            let Some(address) = per_address.try_take(ip) else {
+                drop((open, permit));
+                refuse(&refusing, stream, limit, true);
+                return;
+            };
+            let client = ClientAddr(ip);
+            let service = router.map_request(move |mut req: Request<_>| {
+                req.extensions_mut().insert(client);
+                req
+            });
+            let service = TowerToHyperService::new(service);
+            let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
             if let Err(e) = connection.await {
                 // Header-read timeouts land here, and clients that hang up.
                 tracing::debug!("connection ended: {e}");

@@ -22,6 +22,10 @@ pub struct HaproxyService {
     /// The gateways' ports on 127.0.0.1, named `gw1`, `gw2`... in the stats.
     pub servers: Vec<u16>,
     pub stats_port: u16,
+    /// With an address: connect to the gateways from it and send each
+    /// connection's client in a PROXY protocol v2 header (`send-proxy-v2`,
+    /// health checks too), for gateways that trust that address.
+    pub proxy_protocol_from: Option<String>,
 }
 
 /// One `haproxy` process balancing HTTP over gateways. Killed on drop.
@@ -29,7 +33,7 @@ pub type Haproxy = Server<HaproxyService>;
 
 /// The configuration for a balancer on `port` over gateways on `servers`,
 /// with its stats page on `stats_port`.
-pub fn config(port: u16, stats_port: u16, servers: &[u16]) -> String {
+pub fn config(port: u16, stats_port: u16, servers: &[u16], proxy_from: Option<&str>) -> String {
     let mut cfg = format!(
         "global\n\
          \x20   maxconn 4096\n\
@@ -50,8 +54,14 @@ pub fn config(port: u16, stats_port: u16, servers: &[u16]) -> String {
          \x20   http-check expect status 200\n\
          \x20   default-server inter 300ms fastinter 200ms downinter 500ms fall 2 rise 2\n"
     );
+    let proxy = proxy_from
+        .map(|ip| format!(" source {ip} send-proxy-v2 check-send-proxy"))
+        .unwrap_or_default();
     for (i, p) in servers.iter().enumerate() {
-        cfg.push_str(&format!("    server gw{} 127.0.0.1:{p} check\n", i + 1));
+        cfg.push_str(&format!(
+            "    server gw{} 127.0.0.1:{p} check{proxy}\n",
+            i + 1
+        ));
     }
     cfg.push_str(&format!(
         "listen stats\n\
@@ -69,8 +79,12 @@ impl Service for HaproxyService {
 
     async fn prepare(&self, dir: &Path, port: u16) -> Recipe {
         let cfg = dir.join("haproxy.cfg");
-        std::fs::write(&cfg, config(port, self.stats_port, &self.servers))
-            .expect("write haproxy.cfg");
+        let proxy_from = self.proxy_protocol_from.as_deref();
+        std::fs::write(
+            &cfg,
+            config(port, self.stats_port, &self.servers, proxy_from),
+        )
+        .expect("write haproxy.cfg");
         // -db: stay in the foreground; -W would add a master process.
         let args = vec![
             "-db".into(),
@@ -104,8 +118,20 @@ impl Server<HaproxyService> {
         let service = HaproxyService {
             servers: servers.to_vec(),
             stats_port: free_port(),
+            proxy_protocol_from: None,
         };
         Self::launch_on(service, port).await
+    }
+
+    /// [`Haproxy::start`], connecting to the gateways from `from` (a
+    /// loopback address such as 127.0.0.5) with a PROXY protocol v2 header.
+    pub async fn start_with_proxy_protocol(servers: &[u16], from: &str) -> Self {
+        let service = HaproxyService {
+            servers: servers.to_vec(),
+            stats_port: free_port(),
+            proxy_protocol_from: Some(from.to_owned()),
+        };
+        Self::launch_on(service, free_port()).await
     }
 
     /// `http://127.0.0.1:PORT`

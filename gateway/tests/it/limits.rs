@@ -302,3 +302,67 @@ async fn a_client_over_its_write_rate_gets_429_with_the_wait_and_others_write_on
     tokio::time::sleep(Duration::from_secs(wait)).await;
     api.put_fenced("p", "three", 3).await.expect(200);
 }
+
+/// Behind a balancer every connection comes from the balancer's address.
+/// HAProxy (`send-proxy-v2`, from 127.0.0.5, which the gateway trusts)
+/// names each client in a PROXY header, and the per-address caps count the
+/// clients, not the balancer. A connection from the trusted address without
+/// a header is closed: it cannot be served as the balancer's.
+#[tokio::test]
+async fn behind_a_trusted_balancer_the_caps_count_each_client_by_its_proxy_header() {
+    let trusted = gateway::proxy_protocol::TrustedProxies::parse("127.0.0.5").unwrap();
+    let (gw, api, _) = gateway_with(
+        keyed(FenceCheck::Enforce)
+            .trusted_proxies(trusted)
+            .max_streams(8, 1),
+    )
+    .await;
+    api.put_fenced("p", "text", 1).await.expect(201);
+    let balancer =
+        harness::Haproxy::start_with_proxy_protocol(&[gw.addr().port()], "127.0.0.5").await;
+    balancer
+        .wait_up(1, Duration::from_secs(20))
+        .await
+        .expect("the health checks pass with their PROXY headers");
+
+    let via = |from: &str| {
+        let url = format!("{}/dashboard/events?page=p", balancer.url());
+        let client = reqwest::Client::builder()
+            .local_address(from.parse::<std::net::IpAddr>().unwrap())
+            .build()
+            .unwrap();
+        async move { client.get(url).send().await.expect("stream request") }
+    };
+    let first = via("127.0.0.2").await;
+    assert_eq!(first.status(), 200);
+    let second = via("127.0.0.2").await;
+    assert_eq!(second.status(), 503, "a second stream from the same client");
+    let body: serde_json::Value = second.json().await.unwrap();
+    assert_eq!(body["per_address"], true, "{body}");
+    let other = via("127.0.0.3").await;
+    assert_eq!(
+        other.status(),
+        200,
+        "another client behind the same balancer"
+    );
+
+    // The trusted address without a PROXY header: closed, not served.
+    let mut bare = connect_from("127.0.0.5", gw.addr()).await;
+    bare.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), bare.read_to_end(&mut answer))
+        .await
+        .expect("closed at once, not left open");
+    // Closed with unread bytes, the connection may be reset: closed too.
+    if let Err(e) = read {
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    }
+    assert!(
+        answer.is_empty(),
+        "answered without a PROXY header: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    drop((first, other));
+}
