@@ -14,6 +14,9 @@
 //!   pgbench and Python's redis Lock.
 //! - `zookeeper.rs`: the ZooKeeper lock beside kazoo and raw create/delete.
 //! - `redlock.rs`: Redlock N=3/5 beside the single instance and rslock.
+//! - `abuse.rs`: keyed writers through one gateway under floods of streams,
+//!   slowloris connections, anonymous reads and connection churn, beside the
+//!   same floods sent to a sink.
 //! - `compare.rs`: every backend side by side (speed, limits, peers, chaos)
 //!   into docs/COMPARISON.md.
 //!
@@ -26,6 +29,7 @@
 //! - `machine.rs`: the machine, its load, the time. `sections.rs`: the
 //!   sections of `docs/BENCHMARKS.md`.
 
+mod abuse;
 mod compare;
 mod cpu;
 mod gateway;
@@ -69,6 +73,8 @@ enum What {
     Scale(scale::Args),
     /// Every backend side by side: speed, limits, peers and chaos, into COMPARISON.md and an SVG.
     Compare(compare::Args),
+    /// Keyed writers through one gateway under floods (streams, slowloris, reads, churn), beside the same floods sent to a sink.
+    Abuse(abuse::Args),
 }
 
 /// Run the benchmark the command line names, on a runtime of its own.
@@ -82,5 +88,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         What::Zookeeper(args) => runtime.block_on(zookeeper::run(args)),
         What::Compare(args) => runtime.block_on(compare::run(args)),
         What::Scale(args) => runtime.block_on(scale::run(args)),
+        What::Abuse(args) => runtime.block_on(abuse::run(args)),
     }
 }
