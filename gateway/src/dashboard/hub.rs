@@ -41,9 +41,16 @@ use super::tail::{Attempt, PageCounters, Tail};
 /// Batches a stream may fall behind before it must start again.
 pub const BACKLOG: usize = 64;
 
+/// Encoded `update` events by (followed page, body sent).
+pub(super) type Encoded = HashMap<(Option<String>, bool), Arc<str>>;
+
 /// What one poll brought, for every stream.
 #[derive(Debug)]
 pub struct Batch {
+    /// The `update` events made from it, by the page a stream follows and
+    /// whether the body goes with it: most streams follow the same page,
+    /// and encode the same event once between them.
+    pub(super) encoded: Mutex<Encoded>,
     pub now: DateTime<Utc>,
     /// The counters of the pages that had attempts, complete.
     pub pages: Vec<PageCounters>,
@@ -291,6 +298,7 @@ impl Hub {
             .filter_map(|id| tail.counters(id).cloned())
             .collect();
         let batch = Batch {
+            encoded: Mutex::default(),
             now: Utc::now(),
             pages,
             attempts: absorbed.attempts,

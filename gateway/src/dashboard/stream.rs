@@ -122,8 +122,9 @@ async fn events(
                     };
                     match message {
                         Ok(Message::Batch(batch)) => {
-                            let update = live.update(&batch);
-                            Some((Ok(json_event("update", &update)), Phase::Live(live)))
+                            let data = live.update(&batch);
+                            let event = Event::default().event("update").data(&*data);
+                            Some((Ok(event), Phase::Live(live)))
                         }
                         Ok(Message::Problem) => Some((
                             Ok(problem(DbError::Unavailable("poll failed".into()))),
@@ -191,9 +192,39 @@ async fn start(
 }
 
 impl Live {
-    /// A batch as this stream shows it: every page's counters, its page's
-    /// attempts and row (the body only when its version changed).
-    fn update(&mut self, batch: &Batch) -> Update {
+    /// A batch as this stream shows it, as the JSON of an [`Update`]: every
+    /// page's counters, its page's attempts and row (the body only when its
+    /// version changed). Encoded once per batch for the streams that show
+    /// the same.
+    fn update(&mut self, batch: &Batch) -> Arc<str> {
+        let row = batch
+            .rows
+            .iter()
+            .find(|r| Some(&r.id) == self.page.as_ref());
+        let had_attempts = batch
+            .attempts
+            .iter()
+            .any(|a| Some(&a.page_id) == self.page.as_ref());
+        let row = row.filter(|_| had_attempts);
+        let with_body = row.is_some_and(|r| self.sent_version != Some(r.version));
+        if let Some(r) = row {
+            self.sent_version = Some(r.version);
+        }
+        let key = (self.page.clone(), with_body);
+        let mut encoded = batch.encoded.lock().unwrap_or_else(|e| e.into_inner());
+        encoded
+            .entry(key)
+            .or_insert_with(|| {
+                let update = self.encode(batch, with_body);
+                serde_json::to_string(&update)
+                    .unwrap_or_else(|e| format!("{{\"problem\":\"encode update: {e}\"}}"))
+                    .into()
+            })
+            .clone()
+    }
+
+    /// The [`Update`] of `batch` for this stream's page.
+    fn encode(&self, batch: &Batch, with_body: bool) -> Update {
         let attempts: Vec<Attempt> = batch
             .attempts
             .iter()
@@ -209,10 +240,9 @@ impl Live {
                 .cloned();
         }
         if let Some(p) = &mut page {
-            if self.sent_version == Some(p.version) {
+            if !with_body {
                 p.body = None;
             }
-            self.sent_version = Some(p.version);
         }
         Update {
             now: batch.now,
