@@ -143,7 +143,8 @@ pub struct Config {
     pub db_pool_size: u32,
     /// PostgreSQL connections of the public reads (unfenced GETs, /pages,
     /// history, the dashboard), a pool apart from the writers': a flood of
-    /// readers waits for these, never for the writers' connections.
+    /// readers waits for these, never for the writers' connections. 0: the
+    /// reads share the writers' pool.
     #[arg(long, env = "GATEWAY_DB_READ_POOL_SIZE", default_value_t = crate::DEFAULT_READ_POOL_SIZE)]
     pub db_read_pool_size: u32,
     /// Most requests waiting for a connection of a pool while all its

@@ -165,8 +165,11 @@ pub const DEFAULT_LOG_FILTER: &str = "gateway=info,tower_http=info";
 
 /// Default for `--db-pool-size` and [`spawn`].
 pub const DEFAULT_POOL_SIZE: u32 = 10;
-/// Default size of the public reads' pool (`GATEWAY_DB_READ_POOL_SIZE`).
-pub const DEFAULT_READ_POOL_SIZE: u32 = 4;
+/// Default size of the public reads' pool (`GATEWAY_DB_READ_POOL_SIZE`): 0,
+/// they share the writers' pool. In the compose demo a separate pool's
+/// connections could not be had within 2 s (every public read 503) while
+/// the writers' warm pool served; the cause is not found yet.
+pub const DEFAULT_READ_POOL_SIZE: u32 = 0;
 
 /// Whether the gateway checks the fence (refuses stale tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -458,7 +461,10 @@ pub async fn spawn_with_options(
         check_schema(database_url, Duration::ZERO).await?;
     }
     let db = request_pool(database_url, options.pool_options_resolved())?;
-    let reads = request_pool(database_url, options.read_pool_options_resolved())?;
+    let reads = match options.read_pool_size {
+        0 => db.clone(),
+        _ => request_pool(database_url, options.read_pool_options_resolved())?,
+    };
     let listener = TcpListener::bind("127.0.0.1:0").await.context("bind")?;
     let addr = listener.local_addr()?;
     // Db::new follows the primary of a multi-host URL itself.

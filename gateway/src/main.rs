@@ -74,7 +74,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         refuse(e);
     }
     let db = gateway::request_pool(database_url, config.pool_options())?;
-    let reads = gateway::request_pool(database_url, config.read_pool_options())?;
+    let reads = match config.db_read_pool_size {
+        0 => db.clone(),
+        _ => gateway::request_pool(database_url, config.read_pool_options())?,
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("bind {}", config.listen))?;
@@ -107,7 +110,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     )
     .await?;
     db.close();
-    reads.close();
+    if config.db_read_pool_size > 0 {
+        reads.close();
+    }
     tracing::info!("stopped");
     Ok(())
 }
