@@ -187,8 +187,9 @@ pub struct AppState {
     /// The connections requests use (see [`db`]).
     pub db: Db,
     /// The public reads' connections (unfenced GETs, `/pages`, history, the
-    /// dashboard): apart from [`AppState::db`], so that a flood of readers
-    /// cannot take the writers' connections ([`AppState::with_read_pool`]).
+    /// dashboard): [`AppState::db`] itself unless a pool of their own is
+    /// set ([`AppState::with_read_pool`]), which a flood of readers then
+    /// cannot take from the writers.
     pub reads: Db,
     pub fencing: FenceCheck,
     pub metrics: Arc<Metrics>,

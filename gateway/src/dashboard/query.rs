@@ -1,7 +1,7 @@
 //! What the dashboard reads: the count of every page's attempts when the
 //! gateway's tail starts, the tail's polls, and at each stream's start the
 //! chosen page's newest attempts and row; each a short indexed query on the
-//! request pool but the count. And the messages they make.
+//! public reads' pool ([`crate::AppState::reads`]) but the count. And the messages they make.
 
 use std::time::Instant;
 
