@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use tokio::sync::{broadcast, watch, Notify};
@@ -35,9 +35,10 @@ use tokio::sync::{broadcast, watch, Notify};
 use crate::db::{Db, DbError};
 
 use super::query::{count_all, page_attempts, pages_now, poll_rows, PageNow, TAIL_BATCH};
-use super::stream::POLL_INTERVAL;
 use super::tail::{Attempt, PageCounters, Tail};
 
+/// How often the tail asks the database for new attempts.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Batches a stream may fall behind before it must start again.
 pub const BACKLOG: usize = 64;
 

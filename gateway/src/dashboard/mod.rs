@@ -91,9 +91,9 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::AppState;
 
-pub use hub::{Batch, Hub, Message, BACKLOG};
+pub use hub::{Batch, Hub, Message, BACKLOG, POLL_INTERVAL};
 pub use query::{PageNow, Snapshot, Update, SNAPSHOT_ATTEMPTS, TAIL_BATCH};
-pub use stream::{DashboardEvent, EventsParams, KEEP_ALIVE, POLL_INTERVAL};
+pub use stream::{DashboardEvent, EventsParams, KEEP_ALIVE};
 pub use tail::{Absorbed, Attempt, PageCounters, Tail, GAP_GRACE, GAP_WINDOW};
 
 /// `/`, `/dashboard`, its assets and its event stream, with their description.

@@ -27,8 +27,6 @@ use super::hub::{Batch, Follow, Hub, Message};
 use super::query::{fencing_name, PageNow, Snapshot, Update};
 use super::tail::Attempt;
 
-/// How often the tail asks the database for new attempts.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Idle streams send a comment this often; a closed connection is noticed at
 /// the latest then, and the stream's polling stops.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(5);

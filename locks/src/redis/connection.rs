@@ -13,6 +13,7 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, S
 
 #[cfg(feature = "redis-sentinel")]
 use super::discovery::Discovery;
+use super::pending::{answered, unanswered};
 use crate::LockError;
 
 /// How long connecting (and the first PING) may take before we say unavailable.
@@ -198,18 +199,4 @@ impl Server {
             .await?
             .map_err(|e| self.failed(e))
     }
-}
-
-/// A request in flight: dropped before [`answered`] (its caller gave up on
-/// it), it runs `on_abandon`. See [`Server::answer`].
-pub(super) type Unanswered<F> = scopeguard::ScopeGuard<(), F>;
-
-/// See [`Unanswered`].
-pub(super) fn unanswered(on_abandon: impl FnOnce()) -> Unanswered<impl FnOnce(())> {
-    scopeguard::guard((), move |()| on_abandon())
-}
-
-/// The request got an answer (or an error that was dealt with): defuse.
-pub(super) fn answered<F: FnOnce(())>(pending: Unanswered<F>) {
-    scopeguard::ScopeGuard::into_inner(pending);
 }

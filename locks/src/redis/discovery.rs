@@ -15,7 +15,7 @@ use redis::{
     RedisConnectionInfo,
 };
 
-use super::connection::{answered, unanswered};
+use super::pending::{answered, unanswered};
 use crate::LockError;
 
 /// Deadline of each step of master discovery (connect, ask, check `ROLE`).

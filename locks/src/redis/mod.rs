@@ -154,6 +154,7 @@ mod holder;
 mod keys;
 mod lock;
 mod notify;
+mod pending;
 mod scripts;
 #[cfg(feature = "redis-sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]

@@ -84,10 +84,11 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 
-use super::connection::{answered, unanswered, Source};
+use super::connection::Source;
 use super::discovery::{role_of, step, step_config, Discovery};
 use super::holder::{holder_lookup, Lookup};
 use super::lock::RedisLock;
+use super::pending::{answered, unanswered};
 use crate::{AcquireOptions, Lease, LockError, LockService, LockState, WaitStats};
 
 /// The issuer name sent with every token of this backend. Distinct from
