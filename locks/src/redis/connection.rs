@@ -5,8 +5,10 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::future::{BoxFuture, FutureExt, Shared};
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, ScriptInvocation};
@@ -72,28 +74,35 @@ impl fmt::Display for Source {
     }
 }
 
+/// A connection being made, for every caller that waits for it.
+type Connecting = Shared<BoxFuture<'static, Result<MultiplexedConnection, LockError>>>;
+
 /// The server a lock service talks to, and the one connection it keeps.
 pub(super) struct Server {
-    source: Source,
+    source: Arc<Source>,
     /// `redis`, or `redis-sentinel`: what every lease and error names.
     pub(super) issuer: &'static str,
     config: AsyncConnectionConfig,
     /// The live connection; `None` after it broke, until the next call reconnects.
     conn: Mutex<Option<MultiplexedConnection>>,
-    /// Serialises reconnects so that a broken connection is replaced once.
-    reconnecting: tokio::sync::Mutex<()>,
+    /// The connection being made, once for all callers, in a task of its
+    /// own: a caller that gives up (the gateway asks an issuer for at most
+    /// 500 ms) does not cancel it, and the next caller takes it over.
+    /// Otherwise a server that takes longer to connect to than every caller
+    /// waits (a slow name lookup or handshake) could never be reached again.
+    connecting: Mutex<Option<Connecting>>,
 }
 
 impl Server {
     pub(super) fn new(source: Source, issuer: &'static str) -> Server {
         Server {
-            source,
+            source: Arc::new(source),
             issuer,
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(CONNECT_TIMEOUT)
                 .set_response_timeout(RESPONSE_TIMEOUT),
             conn: Mutex::new(None),
-            reconnecting: tokio::sync::Mutex::new(()),
+            connecting: Mutex::new(None),
         }
     }
 
@@ -106,13 +115,34 @@ impl Server {
         if let Some(c) = self.conn.lock().expect("redis conn mutex").clone() {
             return Ok(c);
         }
-        let _one_at_a_time = self.reconnecting.lock().await;
-        if let Some(c) = self.conn.lock().expect("redis conn mutex").clone() {
-            return Ok(c);
+        let connecting = self
+            .connecting
+            .lock()
+            .expect("redis connecting mutex")
+            .get_or_insert_with(|| {
+                let (source, config, issuer) =
+                    (self.source.clone(), self.config.clone(), self.issuer);
+                let task = tokio::spawn(async move { source.connect(&config, issuer).await });
+                async move {
+                    task.await.unwrap_or_else(|e| {
+                        Err(LockError::unavailable(issuer, format!("connecting: {e}")))
+                    })
+                }
+                .boxed()
+                .shared()
+            })
+            .clone();
+        let made = connecting.clone().await;
+        // The first caller back keeps the connection (or, after a failure,
+        // lets the next call try afresh).
+        let mut slot = self.connecting.lock().expect("redis connecting mutex");
+        if slot.as_ref().is_some_and(|s| s.ptr_eq(&connecting)) {
+            *slot = None;
+            if let Ok(c) = &made {
+                *self.conn.lock().expect("redis conn mutex") = Some(c.clone());
+            }
         }
-        let fresh = self.source.connect(&self.config, self.issuer).await?;
-        *self.conn.lock().expect("redis conn mutex") = Some(fresh.clone());
-        Ok(fresh)
+        made
     }
 
     /// Map a driver error, forgetting the connection if it is broken, timed

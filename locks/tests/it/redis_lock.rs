@@ -251,6 +251,50 @@ async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
     );
 }
 
+/// A server that takes longer to connect to than any caller waits (a slow
+/// name lookup or handshake; here the proxy holds each new connection's
+/// first bytes 700 ms) is still reached: the reconnect goes on after its
+/// caller gave up, and a later caller takes it over. When the reconnect ran
+/// in the caller's own future, every lookup given 500 ms cancelled it, and
+/// the gateway answered `issuer_unavailable` until it was restarted.
+#[tokio::test]
+async fn a_reconnect_slower_than_its_callers_still_completes() {
+    let mut redis = secured().await;
+    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into())
+        .await
+        .unwrap();
+    let svc = RedisLock::connect(&via_proxy(
+        &redis.url_as(WORKER),
+        redis.port(),
+        proxy.port(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(svc.current_holder("page").await, Ok(None));
+    proxy.delay_setup(Duration::from_millis(700));
+    // The kept connection dies with the server; every new one is slow.
+    redis.restart().await;
+    let deadline = Duration::from_millis(500);
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        let answer = tokio::time::timeout(deadline, svc.current_holder("page")).await;
+        answers.push(answer.is_ok());
+        if answer.is_ok() {
+            break;
+        }
+    }
+    assert_eq!(
+        answers.first(),
+        Some(&false),
+        "a new connection takes 700 ms"
+    );
+    assert_eq!(
+        answers.last(),
+        Some(&true),
+        "a lookup given 500 ms is answered once the reconnect completed: {answers:?}"
+    );
+}
+
 #[tokio::test]
 async fn dropped_lease_is_released_in_the_background() {
     let redis = secured().await;

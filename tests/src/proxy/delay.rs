@@ -11,6 +11,10 @@
 //! - [`Mode::Hold`]: kept until the mode leaves `Hold` (the runner lifts it once
 //!   it has seen the event it waits for, so the scenario does not hang on a guess).
 //!
+//! Besides the mode, [`DelayProxy::delay_setup`] makes every new connection's
+//! first bytes wait: a slow connection set-up (name lookup, handshake), with
+//! the requests after it at full speed.
+//!
 //! Order is kept per connection: a chunk never overtakes an earlier one.
 //! A request written while the proxy is armed therefore *leaves* the client at
 //! once and *arrives* later: Kleppmann's network-delay case.
@@ -40,6 +44,8 @@ pub struct DelayProxy {
     upstream: SocketAddr,
     mode: watch::Sender<Mode>,
     held: Arc<AtomicU64>,
+    /// Milliseconds each new connection's first chunk waits.
+    setup_ms: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -50,9 +56,13 @@ impl DelayProxy {
         let addr = listener.local_addr()?;
         let (mode, _) = watch::channel(Mode::Pass);
         let held = Arc::new(AtomicU64::new(0));
+        let setup_ms = Arc::new(AtomicU64::new(0));
         let relay = {
-            let (mode, held) = (mode.clone(), held.clone());
-            move |client, server| pump(client, server, mode.subscribe(), held.clone())
+            let (mode, held, setup_ms) = (mode.clone(), held.clone(), setup_ms.clone());
+            move |client, server| {
+                let setup = Duration::from_millis(setup_ms.load(Ordering::Relaxed));
+                pump(client, server, mode.subscribe(), held.clone(), setup)
+            }
         };
         let task = tokio::spawn(super::relay_connections(listener, upstream, || true, relay));
         Ok(Self {
@@ -60,6 +70,7 @@ impl DelayProxy {
             upstream,
             mode,
             held,
+            setup_ms,
             task,
         })
     }
@@ -87,6 +98,15 @@ impl DelayProxy {
         *self.mode.borrow()
     }
 
+    /// Connections accepted from now on: their first client→server bytes
+    /// wait `d` (on top of the mode), the rest pass as the mode says.
+    pub fn delay_setup(&self, d: Duration) {
+        self.setup_ms.store(
+            d.as_millis().try_into().unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
     /// Client→server bytes that were delayed or held so far.
     pub fn bytes_delayed(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
@@ -105,6 +125,7 @@ async fn pump(
     server: TcpStream,
     mode: watch::Receiver<Mode>,
     held: Arc<AtomicU64>,
+    setup: Duration,
 ) {
     let (mut client_rd, mut client_wr) = client.into_split();
     let (mut server_rd, mut server_wr) = server.into_split();
@@ -129,7 +150,11 @@ async fn pump(
 
     let mut writer_mode = mode;
     let writer = async move {
+        let mut first = true;
         while let Some((received, m, chunk)) = rx.recv().await {
+            if std::mem::take(&mut first) && !setup.is_zero() {
+                tokio::time::sleep_until(received + setup).await;
+            }
             match m {
                 Mode::Pass => {}
                 Mode::Delay(d) => {
