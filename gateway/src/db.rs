@@ -360,17 +360,39 @@ impl Db {
             }
             return Ok(self.checked_out(conn, permit));
         }
-        let (client, connection, _) = self.inner.open().await?;
+        // Made in a task of its own: a request that gives up (its deadline)
+        // does not throw a connection away half made; it goes to the idle
+        // list for the next request. Otherwise a server slower to connect
+        // to than every request waits could never be reached again.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let inner = self.inner.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!("database connection ended: {e}");
+            let opened = inner.open().await.map(|(client, connection, _)| {
+                tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::debug!("database connection ended: {e}");
+                    }
+                });
+                PgConn {
+                    client,
+                    prepared: Vec::new(),
+                    born: Instant::now(),
+                }
+            });
+            if let Err(Ok(conn)) = tx.send(opened) {
+                let mut idle = inner.idle.lock().expect("idle list");
+                if !inner.permits.is_closed() && idle.len() < inner.options.max_connections as usize
+                {
+                    idle.push(Idle {
+                        conn,
+                        since: Instant::now(),
+                    });
+                }
             }
         });
-        let conn = PgConn {
-            client,
-            prepared: Vec::new(),
-            born: Instant::now(),
-        };
+        let conn = rx
+            .await
+            .map_err(|_| DbError::Unavailable("the connecting task ended".into()))??;
         Ok(self.checked_out(conn, permit))
     }
 

@@ -165,11 +165,8 @@ pub const DEFAULT_LOG_FILTER: &str = "gateway=info,tower_http=info";
 
 /// Default for `--db-pool-size` and [`spawn`].
 pub const DEFAULT_POOL_SIZE: u32 = 10;
-/// Default size of the public reads' pool (`GATEWAY_DB_READ_POOL_SIZE`): 0,
-/// they share the writers' pool. In the compose demo a separate pool's
-/// connections could not be had within 2 s (every public read 503) while
-/// the writers' warm pool served; the cause is not found yet.
-pub const DEFAULT_READ_POOL_SIZE: u32 = 0;
+/// Default size of the public reads' pool (`GATEWAY_DB_READ_POOL_SIZE`).
+pub const DEFAULT_READ_POOL_SIZE: u32 = 4;
 
 /// Whether the gateway checks the fence (refuses stale tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -180,3 +180,46 @@ async fn beyond_the_waiting_requests_a_pool_sheds_load_at_once() {
     drop(held);
     api.get_path("/pages").await.expect(200);
 }
+
+/// A server slower to connect to than a request waits (a slow name lookup
+/// or handshake; here the proxy holds each new connection's first bytes
+/// 800 ms, and a request waits 500 ms) is still reached: the connection
+/// being made when its request gave up goes to the idle list, and a later
+/// request takes it. When the connection was made in the request's own
+/// future, every request cancelled it, and every one got 503.
+#[tokio::test]
+async fn a_connection_slower_to_make_than_a_request_waits_serves_a_later_one() {
+    let url = harness::fresh_database().await;
+    let port = port_of(&url);
+    let proxy = DelayProxy::start(([127, 0, 0, 1], port).into())
+        .await
+        .unwrap();
+    proxy.delay_setup(Duration::from_millis(800));
+    let db = gateway::request_pool(
+        &via_proxy(&url, port, proxy.port()),
+        PoolOptions {
+            acquire_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(5),
+            ..PoolOptions::default()
+        },
+    )
+    .unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        let got = db.acquire().await.is_ok();
+        answers.push(got);
+        if got {
+            break;
+        }
+    }
+    assert_eq!(
+        answers.first(),
+        Some(&false),
+        "a new connection takes 800 ms"
+    );
+    assert_eq!(
+        answers.last(),
+        Some(&true),
+        "a later request takes the connection made meanwhile: {answers:?}"
+    );
+}
