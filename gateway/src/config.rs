@@ -232,10 +232,10 @@ pub struct Config {
     pub max_connections_per_address: usize,
     /// Balancers whose connections start with a PROXY protocol v2 header
     /// (HAProxy's send-proxy-v2) naming the client, whose address the
-    /// per-address limits then count: IP addresses, commas or spaces. Their
-    /// connections without a valid header are closed; nobody else's may
-    /// carry one.
-    #[arg(long, env = "GATEWAY_TRUSTED_PROXIES", value_name = "IP,...")]
+    /// per-address limits then count: IP addresses or host names (resolved
+    /// at start and every 2 s), commas or spaces. Their connections without
+    /// a valid header are closed; nobody else's may carry one.
+    #[arg(long, env = "GATEWAY_TRUSTED_PROXIES", value_name = "HOST,...")]
     pub trusted_proxies: Option<String>,
     /// Most dashboard event streams open at once; more are answered 503
     /// too_many_streams (with Retry-After).

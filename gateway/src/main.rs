@@ -88,7 +88,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         max_streams = limits.max_streams,
         max_streams_per_address = limits.max_streams_per_address,
         write_rate_per_key = config.write_rate_per_key,
-        trusted_proxies = ?limits.trusted_proxies.addresses(),
+        trusted_proxies = ?limits.trusted_proxies.entries(),
         header_read_timeout = ?limits.header_read_timeout,
         request_timeout = ?config.request_timeout,
         outcome_wait = ?config.outcome_wait,

@@ -1,11 +1,12 @@
 //! The client's real address behind a balancer: the PROXY protocol v2
 //! header (HAProxy's `send-proxy-v2`) that a trusted balancer sends before
 //! each connection's first byte. Only the addresses in `--trusted-proxies`
-//! may send one, and from them it is required: a connection that does not
+//! (or those its host names resolve to) may send one, and from them it is required: a connection that does not
 //! start with a valid header is closed. Anybody else's connection is HTTP
 //! from its first byte, so a client cannot claim another address.
 
 use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use ppp::v2::{Addresses, Command, Header, PROTOCOL_PREFIX};
@@ -16,34 +17,120 @@ use tokio::net::TcpStream;
 /// far fewer); a larger length is refused.
 const MAX_PAYLOAD: usize = 512;
 
-/// The balancers whose connections carry a PROXY header.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TrustedProxies(Vec<IpAddr>);
+/// How often trusted names are resolved again: a balancer that restarts may
+/// come back with another address, as a container does.
+pub const REFRESH: Duration = Duration::from_secs(2);
+
+/// Longest one resolution of a trusted name may take.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The balancers whose connections carry a PROXY header: IP addresses, and
+/// host names resolved at start and every [`REFRESH`] after. A name that
+/// does not resolve trusts nobody until it does (fail closed): its last
+/// address may have gone to another host.
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies {
+    addresses: Vec<IpAddr>,
+    names: Vec<String>,
+    /// The names' addresses at their last resolution.
+    resolved: Arc<RwLock<Vec<IpAddr>>>,
+}
+
+impl PartialEq for TrustedProxies {
+    fn eq(&self, other: &Self) -> bool {
+        self.addresses == other.addresses && self.names == other.names
+    }
+}
+
+impl Eq for TrustedProxies {}
 
 impl TrustedProxies {
-    /// Addresses separated by commas or spaces; empty: none.
+    /// IP addresses and host names separated by commas or spaces; empty: none.
     pub fn parse(list: &str) -> Result<Self, String> {
-        list.split([',', ' '])
-            .filter(|s| !s.is_empty())
-            .map(|s| {
-                s.parse::<IpAddr>()
-                    .map_err(|_| format!("trusted proxy {s:?} is not an IP address"))
-            })
-            .collect::<Result<_, _>>()
-            .map(TrustedProxies)
+        let mut trusted = TrustedProxies::default();
+        for s in list.split([',', ' ']).filter(|s| !s.is_empty()) {
+            if let Ok(ip) = s.parse::<IpAddr>() {
+                trusted.addresses.push(ip);
+            } else if is_host_name(s) {
+                trusted.names.push(s.to_owned());
+            } else {
+                return Err(format!(
+                    "trusted proxy {s:?} is neither an IP address nor a host name"
+                ));
+            }
+        }
+        Ok(trusted)
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        self.0.contains(&ip)
+        self.addresses.contains(&ip)
+            || self
+                .resolved
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&ip)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.addresses.is_empty() && self.names.is_empty()
     }
 
-    pub fn addresses(&self) -> &[IpAddr] {
-        &self.0
+    /// What the list says, for the log: addresses, then names.
+    pub fn entries(&self) -> Vec<String> {
+        let addresses = self.addresses.iter().map(ToString::to_string);
+        addresses.chain(self.names.iter().cloned()).collect()
     }
+
+    /// Resolve the names now; their addresses replace the previous ones.
+    pub async fn resolve(&self) {
+        if self.names.is_empty() {
+            return;
+        }
+        let mut found = Vec::new();
+        for name in &self.names {
+            match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name.as_str(), 0)))
+                .await
+            {
+                Ok(Ok(addrs)) => found.extend(addrs.map(|a| a.ip())),
+                Ok(Err(e)) => tracing::debug!(name, "trusted proxy does not resolve: {e}"),
+                Err(_) => {
+                    tracing::debug!(name, "trusted proxy: no answer within {RESOLVE_TIMEOUT:?}")
+                }
+            }
+        }
+        found.sort();
+        found.dedup();
+        let mut resolved = self.resolved.write().unwrap_or_else(|e| e.into_inner());
+        if *resolved != found {
+            tracing::info!(names = ?self.names, addresses = ?found, "trusted proxies resolved");
+            *resolved = found;
+        }
+    }
+
+    /// Resolve the names every [`REFRESH`] until dropped (none: nothing).
+    pub fn keep_resolving(&self) -> Option<tokio::task::JoinHandle<()>> {
+        if self.names.is_empty() {
+            return None;
+        }
+        let this = self.clone();
+        Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REFRESH).await;
+                this.resolve().await;
+            }
+        }))
+    }
+}
+
+/// Letters, digits, hyphens and dots, as DNS host names are spelt.
+fn is_host_name(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
 }
 
 /// Read the PROXY v2 header at the start of `stream` within `limit`: the
@@ -93,12 +180,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_list_takes_commas_and_spaces_and_refuses_names() {
-        let t = TrustedProxies::parse("127.0.0.5, ::1").unwrap();
+    fn the_list_takes_commas_and_spaces_addresses_and_names() {
+        let t = TrustedProxies::parse("127.0.0.5, ::1 balancer").unwrap();
         assert!(t.contains("127.0.0.5".parse().unwrap()));
         assert!(t.contains("::1".parse().unwrap()));
         assert!(!t.contains("127.0.0.1".parse().unwrap()));
+        assert_eq!(t.entries(), ["127.0.0.5", "::1", "balancer"]);
         assert!(TrustedProxies::parse("").unwrap().is_empty());
-        assert!(TrustedProxies::parse("balancer").is_err());
+        assert!(TrustedProxies::parse("bal_ancer").is_err());
+        assert!(TrustedProxies::parse("10.0.0.0/8").is_err());
+        assert!(TrustedProxies::parse("-x").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_name_is_trusted_once_it_resolves() {
+        let t = TrustedProxies::parse("localhost").unwrap();
+        // Not resolved yet: nobody is trusted.
+        assert!(!t.contains("127.0.0.1".parse().unwrap()));
+        t.resolve().await;
+        assert!(t.contains("127.0.0.1".parse().unwrap()));
+        assert!(!t.contains("127.0.0.2".parse().unwrap()));
     }
 }

@@ -102,6 +102,8 @@ pub async fn serve_with(
     let refusing = Arc::new(Semaphore::new(REFUSING));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    options.trusted_proxies.resolve().await;
+    let resolving = options.trusted_proxies.keep_resolving();
 
     loop {
         let (stream, peer) = tokio::select! {
@@ -168,6 +170,9 @@ pub async fn serve_with(
     // Responses that never end by themselves (the dashboard's event streams)
     // end now, so that the drain does not wait for them.
     draining.cancel();
+    if let Some(resolving) = resolving {
+        resolving.abort();
+    }
     graceful.shutdown().await;
     Ok(())
 }

@@ -229,6 +229,13 @@ fn connection_shape(name: &str, value: &str) -> String {
         "GATEWAY_LISTEN" | "WORKER_GATEWAY" => {
             value.rsplit(':').next().unwrap_or_default().to_owned()
         }
+        // The balancer's address differs (a container's, a loopback one):
+        // how many balancers are trusted does not.
+        "GATEWAY_TRUSTED_PROXIES" => value
+            .split([',', ' '])
+            .filter(|s| !s.is_empty())
+            .count()
+            .to_string(),
         // `name=url name=url`: each issuer's name and its URL's shape.
         "GATEWAY_ISSUERS" => value
             .split_whitespace()

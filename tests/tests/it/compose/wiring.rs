@@ -49,7 +49,8 @@ fn url_endpoints(url: &str) -> Vec<(String, u16)> {
 /// The servers a variable names (none for GATEWAY_LISTEN, an address to bind).
 fn endpoints(name: &str, value: &str) -> Vec<(String, u16)> {
     match name {
-        "GATEWAY_LISTEN" => Vec::new(),
+        // Addresses or host names without a port (trusted proxies: checked below).
+        "GATEWAY_LISTEN" | "GATEWAY_TRUSTED_PROXIES" => Vec::new(),
         "ZOOKEEPER_CONNECT" => host_list(value, 2181),
         // `user:password@` once, before the first sentinel.
         "REDIS_SENTINELS" => host_list(value.rsplit_once('@').map_or(value, |(_, h)| h), 26379),
@@ -146,6 +147,16 @@ fn wiring_errors(compose: &Value) -> Vec<String> {
             if CONNECTION_VARS.contains(&var.as_str()) {
                 for (host, port) in endpoints(var, value) {
                     check(&mut errors, name, var, &host, port);
+                }
+            }
+        }
+        // The balancers a gateway trusts to name clients: services of compose.
+        if let Some(list) = env.get("GATEWAY_TRUSTED_PROXIES") {
+            for host in list.split([',', ' ']).filter(|h| !h.is_empty()) {
+                if host.parse::<std::net::IpAddr>().is_err() && !services.contains_key(host) {
+                    errors.push(format!(
+                        "{name}: GATEWAY_TRUSTED_PROXIES names {host}, which is no service"
+                    ));
                 }
             }
         }
