@@ -6,7 +6,8 @@
 //! rate under the attacker's own CPU on these shared cores is known. The
 //! ratio of the two is what the gateway's defences leave the writers.
 //!
-//! Beside each run: the writers' p99, `/healthz`'s p99 (asked every 50 ms),
+//! Beside each run: the writers' p99, their PUTs refused (503, 429) and
+//! connections broken (counted, not fatal), `/healthz`'s p99 (asked every 50 ms),
 //! the gateway's peak resident memory and open descriptors (from /proc),
 //! and what the attackers were answered: 2xx, 503, 429, closed without an
 //! answer, or nothing within 5 s (a hang). The attacks come from 40
@@ -27,7 +28,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::http::{Headers, Load, Pages};
+use crate::http::{Counted, Headers, Load, Pages};
 use crate::stats::{ms, quantile, Run};
 
 #[derive(clap::Args)]
@@ -168,6 +169,9 @@ impl Tally {
 /// One measured run: the writers, the probe, the gateway's peaks.
 struct Measured {
     writers: Run,
+    /// The writers' PUTs refused (503, 429) and connections broken.
+    writers_refused: u64,
+    writers_broken: u64,
     healthz: Vec<Duration>,
     healthz_failed: u64,
     rss_kib: u64,
@@ -197,7 +201,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         pages: Pages::Random { n: PAGES, token },
         headers: headers.clone(),
         json: json.clone(),
-        count_unavailable: false,
+        counted: Counted::Refusals,
     };
     eprintln!("seeding {PAGES} pages, warming up");
     let each = Pages::Each { n: PAGES, token: 1 };
@@ -244,10 +248,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     println!(
         "| attack | writers' PUT/s, attack on the sink | writers' PUT/s, attack on the gateway | \
-         gateway ÷ sink | writers' p99 ms (quiet ×) | /healthz p99 ms (failed) | gateway RSS MiB | \
+         gateway ÷ sink | writers' p99 ms (quiet ×) | writers refused / broken | /healthz p99 ms (failed) | gateway RSS MiB | \
          gateway fds | attackers answered: 2xx / 503 / 429 / other / closed / no answer in 5 s |"
     );
-    println!("|---|---:|---:|---:|---|---|---:|---:|---|");
+    println!("|---|---:|---:|---:|---|---|---|---:|---:|---|");
     for r in rows {
         println!("{r}");
     }
@@ -279,8 +283,10 @@ fn row(
     let p99 = m.writers.p99();
     let times_quiet = p99.as_secs_f64() / quiet.writers.p99().as_secs_f64().max(1e-9);
     format!(
-        "| {name} | {sink_rate} | {rate:.0} | {ratio} | {} ({times_quiet:.1}×) | {} ({}) | {:.0} | {} | {} |",
+        "| {name} | {sink_rate} | {rate:.0} | {ratio} | {} ({times_quiet:.1}×) | {} / {} | {} ({}) | {:.0} | {} | {} |",
         ms(p99),
+        m.writers_refused,
+        m.writers_broken,
         ms(quantile(&m.healthz, 0.99)),
         m.healthz_failed,
         m.rss_kib as f64 / 1024.0,
@@ -302,8 +308,11 @@ async fn measured(
     stop.cancel();
     let (healthz, healthz_failed) = probe.await?;
     let (rss_kib, fds) = sample.await?;
+    let outcome = outcome?;
     Ok(Measured {
-        writers: outcome?.run,
+        writers: outcome.run,
+        writers_refused: outcome.refused,
+        writers_broken: outcome.broken,
         healthz,
         healthz_failed,
         rss_kib,

@@ -27,7 +27,7 @@ use anyhow::{bail, Context};
 use gateway::FenceCheck;
 
 use crate::cpu::{cpu_of, Children};
-use crate::http::{Headers, Load, Pages};
+use crate::http::{Counted, Headers, Load, Pages};
 use crate::pgbench::{self, FencedPuts};
 use crate::stats::{median, ms, spread, Repeats, Run};
 use crate::{machine, sections};
@@ -212,7 +212,7 @@ fn load(addr: SocketAddr, clients: usize, pages: Pages, json: &Arc<str>) -> Load
             ..Headers::default()
         },
         json: json.clone(),
-        count_unavailable: false,
+        counted: Counted::Nothing,
     }
 }
 

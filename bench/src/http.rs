@@ -140,9 +140,20 @@ pub struct Load {
     pub headers: Headers,
     /// The JSON body of every PUT.
     pub json: Arc<str>,
-    /// Count the answers 503 `issuer_unavailable` (the gateway failed
-    /// closed) instead of failing the run on them.
-    pub count_unavailable: bool,
+    /// The answers besides 2xx that are counted instead of failing the run.
+    pub counted: Counted,
+}
+
+/// Which answers besides 2xx a load counts instead of failing on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// None: any other answer fails the run.
+    Nothing,
+    /// 503 `issuer_unavailable` (the gateway failed closed).
+    IssuerUnavailable,
+    /// Every refusal (503, 429) and every broken connection, which is made
+    /// anew: a load that shares the gateway with an attack.
+    Refusals,
 }
 
 /// What a load did.
@@ -152,6 +163,11 @@ pub struct Outcome {
     pub run: Run,
     /// The answers 503 `issuer_unavailable`, when counted.
     pub unavailable: u64,
+    /// The answers 503 and 429, when every refusal is counted.
+    pub refused: u64,
+    /// The connections that broke (closed, reset, no status line), when
+    /// every refusal is counted.
+    pub broken: u64,
 }
 
 impl Load {
@@ -163,7 +179,7 @@ impl Load {
     }
 
     /// Run for `secs` ([`Pages::Each`]: until every page was written once).
-    /// Any answer but 2xx (and a counted 503) fails the run.
+    /// Any answer but 2xx (and those [`Counted`]) fails the run.
     pub async fn run(&self, secs: Duration) -> anyhow::Result<Outcome> {
         let start = Instant::now();
         let deadline = start + secs;
@@ -172,7 +188,8 @@ impl Load {
             let addr = self.targets[c % self.targets.len()];
             let load = self.clone();
             tasks.push(tokio::spawn(async move {
-                let mut conn = PutConn::connect(addr, load.headers, load.json).await?;
+                let mut conn =
+                    PutConn::connect(addr, load.headers.clone(), load.json.clone()).await?;
                 let mut rng = XorShift(0x9e37_79b9_7f4a_7c15 ^ (c as u64 + 1));
                 let mut next = c as u64;
                 let mut out = Outcome::default();
@@ -193,14 +210,25 @@ impl Load {
                         }
                     };
                     let t0 = Instant::now();
-                    let status = conn.put(id, token).await?;
+                    let status = match conn.put(id, token).await {
+                        Ok(status) => status,
+                        Err(_) if load.counted == Counted::Refusals => {
+                            out.broken += 1;
+                            conn = PutConn::connect(addr, load.headers.clone(), load.json.clone())
+                                .await?;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
                     if (200..300).contains(&status) {
                         out.run.latencies.push(t0.elapsed());
-                    } else if load.count_unavailable
+                    } else if load.counted == Counted::IssuerUnavailable
                         && status == 503
                         && conn.body().contains("issuer_unavailable")
                     {
                         out.unavailable += 1;
+                    } else if load.counted == Counted::Refusals && matches!(status, 429 | 503) {
+                        out.refused += 1;
                     } else {
                         bail!("PUT /pages/{id} answered {status}: {}", conn.body());
                     }
@@ -213,6 +241,8 @@ impl Load {
             let out = t.await??;
             total.run.latencies.extend(out.run.latencies);
             total.unavailable += out.unavailable;
+            total.refused += out.refused;
+            total.broken += out.broken;
         }
         total.run.ops = total.run.latencies.len() as u64;
         total.run.elapsed = start.elapsed();

@@ -24,7 +24,7 @@ use chaos::procs::GatewayProc;
 use harness::{Haproxy, Postgres};
 
 use crate::cpu::{cpu_of, Children};
-use crate::http::{Headers, Load, Pages};
+use crate::http::{Counted, Headers, Load, Pages};
 use crate::pgbench::{self, FencedPuts};
 use crate::stats::{median, spread, Repeats, Run};
 use crate::tools::output;
@@ -246,7 +246,7 @@ fn load(targets: Vec<SocketAddr>, clients: usize, pages: Pages, json: &Arc<str>)
             ..Headers::default()
         },
         json: json.clone(),
-        count_unavailable: false,
+        counted: Counted::Nothing,
     }
 }
 

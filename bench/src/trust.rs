@@ -38,7 +38,7 @@ use fencelock::zookeeper::ZooKeeperLock;
 use fencelock::{AcquireOptions, Lease, LockService};
 use gateway::{AuthMode, FenceCheck, GatewayOptions, RunningGateway};
 
-use crate::http::{Headers, Load, Pages};
+use crate::http::{Counted, Headers, Load, Pages};
 use crate::stats::{median, ms, spread, Repeats, Run};
 use crate::{machine, sections};
 
@@ -333,7 +333,7 @@ fn load(addr: SocketAddr, v: Variant, issuer: &str, pages: &Pages, clients: usiz
             ..Headers::default()
         },
         json: Load::json_of_len(BODY_LEN),
-        count_unavailable: true,
+        counted: Counted::IssuerUnavailable,
     }
 }
 
