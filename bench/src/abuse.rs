@@ -7,7 +7,8 @@
 //! ratio of the two is what the gateway's defences leave the writers.
 //!
 //! Beside each run: the writers' p99, their PUTs refused (503, 429) and
-//! connections broken (counted, not fatal), `/healthz`'s p99 (asked every 50 ms),
+//! connections broken (counted, not fatal), `/healthz`'s p99 on the main
+//! address and on the probe address (`--probe-listen`) (asked every 50 ms),
 //! the gateway's peak resident memory and open descriptors (from /proc),
 //! and what the attackers were answered: 2xx, 503, 429, closed without an
 //! answer, or nothing within 5 s (a hang). The attacks come from 40
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use chaos::procs::{api_key, GatewayProc};
+use chaos::procs::{api_key, GatewayProc, CLIENTS};
 use harness::Postgres;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -174,6 +175,9 @@ struct Measured {
     writers_broken: u64,
     healthz: Vec<Duration>,
     healthz_failed: u64,
+    /// The same probe on the probe address (`--probe-listen`).
+    probe_healthz: Vec<Duration>,
+    probe_failed: u64,
     rss_kib: u64,
     fds: u64,
 }
@@ -182,9 +186,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let secs = Duration::from_secs(if args.quick { 2 } else { args.secs });
     let pg = Postgres::start().await;
     let url = pg.create_database().await;
-    let gateway = GatewayProc::spawn(&url, true, None).await?;
+    let probe_port = harness::free_port();
+    let clients: Vec<String> = CLIENTS.iter().map(|c| c.to_string()).collect();
+    let gateway = GatewayProc::spawn_with_args(
+        &url,
+        true,
+        &[],
+        &clients,
+        harness::free_port(),
+        &["--probe-listen".into(), format!("127.0.0.1:{probe_port}")],
+    )
+    .await?;
     let pid = gateway.pid().context("the gateway's pid")?;
     let target = SocketAddr::from(([127, 0, 0, 1], gateway.port()));
+    let probes = SocketAddr::from(([127, 0, 0, 1], probe_port));
     let sink = TcpListener::bind("127.0.0.1:0").await?;
     let sink_addr = sink.local_addr()?;
     let sinking = tokio::spawn(run_sink(sink));
@@ -217,7 +232,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     token += 1;
     eprintln!("quiet");
-    let quiet = measured(pid, target, writers(token).run(secs)).await?;
+    let quiet = measured(pid, target, probes, writers(token).run(secs)).await?;
     rows.push(row("quiet", None, &quiet, &quiet, None));
     for (name, attack) in PHASES {
         let attack = attack.scaled(args.quick);
@@ -227,7 +242,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let stop = CancellationToken::new();
         let attackers = launch(attack, sink_addr, &stop, &sink_tally);
         settle(&attack).await;
-        let sunk = measured(pid, target, writers(token).run(secs)).await?;
+        let sunk = measured(pid, target, probes, writers(token).run(secs)).await?;
         stop.cancel();
         attackers.join_all().await;
 
@@ -237,7 +252,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let stop = CancellationToken::new();
         let attackers = launch(attack, target, &stop, &tally);
         settle(&attack).await;
-        let attacked = measured(pid, target, writers(token).run(secs)).await?;
+        let attacked = measured(pid, target, probes, writers(token).run(secs)).await?;
         stop.cancel();
         attackers.join_all().await;
         rows.push(row(name, Some(&sunk), &attacked, &quiet, Some(&tally)));
@@ -248,10 +263,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     println!(
         "| attack | writers' PUT/s, attack on the sink | writers' PUT/s, attack on the gateway | \
-         gateway ÷ sink | writers' p99 ms (quiet ×) | writers refused / broken | /healthz p99 ms (failed) | gateway RSS MiB | \
+         gateway ÷ sink | writers' p99 ms (quiet ×) | writers refused / broken | /healthz p99 ms (failed) | /healthz on the probe address: p99 ms (failed) | gateway RSS MiB | \
          gateway fds | attackers answered: 2xx / 503 / 429 / other / closed / no answer in 5 s |"
     );
-    println!("|---|---:|---:|---:|---|---|---|---:|---:|---|");
+    println!("|---|---:|---:|---:|---|---|---|---|---:|---:|---|");
     for r in rows {
         println!("{r}");
     }
@@ -283,12 +298,14 @@ fn row(
     let p99 = m.writers.p99();
     let times_quiet = p99.as_secs_f64() / quiet.writers.p99().as_secs_f64().max(1e-9);
     format!(
-        "| {name} | {sink_rate} | {rate:.0} | {ratio} | {} ({times_quiet:.1}×) | {} / {} | {} ({}) | {:.0} | {} | {} |",
+        "| {name} | {sink_rate} | {rate:.0} | {ratio} | {} ({times_quiet:.1}×) | {} / {} | {} ({}) | {} ({}) | {:.0} | {} | {} |",
         ms(p99),
         m.writers_refused,
         m.writers_broken,
         ms(quantile(&m.healthz, 0.99)),
         m.healthz_failed,
+        ms(quantile(&m.probe_healthz, 0.99)),
+        m.probe_failed,
         m.rss_kib as f64 / 1024.0,
         m.fds,
         tally.map_or_else(String::new, Tally::line)
@@ -299,14 +316,17 @@ fn row(
 async fn measured(
     pid: u32,
     target: SocketAddr,
+    probes: SocketAddr,
     load: impl std::future::Future<Output = anyhow::Result<crate::http::Outcome>>,
 ) -> anyhow::Result<Measured> {
     let stop = CancellationToken::new();
     let probe = tokio::spawn(probe_healthz(target, stop.clone()));
+    let probe_own = tokio::spawn(probe_healthz(probes, stop.clone()));
     let sample = tokio::spawn(sample(pid, stop.clone()));
     let outcome = load.await;
     stop.cancel();
     let (healthz, healthz_failed) = probe.await?;
+    let (probe_healthz, probe_failed) = probe_own.await?;
     let (rss_kib, fds) = sample.await?;
     let outcome = outcome?;
     Ok(Measured {
@@ -315,6 +335,8 @@ async fn measured(
         writers_broken: outcome.broken,
         healthz,
         healthz_failed,
+        probe_healthz,
+        probe_failed,
         rss_kib,
         fds,
     })

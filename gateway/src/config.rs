@@ -134,6 +134,13 @@ pub struct Config {
     /// Address to listen on.
     #[arg(long, env = "GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
+    /// A second address that answers only /healthz and /readyz, with
+    /// connection limits of its own: for the balancer's and the
+    /// orchestrator's checks, which a flood of clients would otherwise find
+    /// refused at the main address's connection cap. Bind it where only they
+    /// reach it. Unset: the probes are answered on the main address only.
+    #[arg(long, env = "GATEWAY_PROBE_LISTEN")]
+    pub probe_listen: Option<SocketAddr>,
     /// `enforce` refuses stale tokens; `off` accepts them and marks them stale in the history.
     #[arg(long, env = "GATEWAY_FENCING", value_enum, default_value = "enforce")]
     pub fencing: FenceCheck,

@@ -95,20 +95,41 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         "listening on {}",
         listener.local_addr()?
     );
-    gateway::serve_with(
-        listener,
-        AppState::with_trust(db.clone(), config.fencing, trust)
-            .with_read_pool(reads.clone())
-            .with_deadlines(config.deadlines())
-            .with_limits(&limits)
-            .with_write_rate(gateway::rate::WriteRate::new(
-                config.write_rate_per_key,
-                config.write_burst_per_key,
-            )),
-        limits,
-        shutdown_signal(),
-    )
-    .await?;
+    let state = AppState::with_trust(db.clone(), config.fencing, trust)
+        .with_read_pool(reads.clone())
+        .with_deadlines(config.deadlines())
+        .with_limits(&limits)
+        .with_write_rate(gateway::rate::WriteRate::new(
+            config.write_rate_per_key,
+            config.write_burst_per_key,
+        ));
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown_signal().await;
+            stop.cancel();
+        }
+    });
+    let probes = match config.probe_listen {
+        Some(addr) => {
+            let probe_listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("bind the probes' {addr}"))?;
+            tracing::info!("probes (/healthz, /readyz) also on {addr}");
+            Some(tokio::spawn(gateway::server::serve_probes(
+                probe_listener,
+                state.clone(),
+                gateway::server::probe_options(&limits),
+                stop.clone().cancelled_owned(),
+            )))
+        }
+        None => None,
+    };
+    gateway::serve_with(listener, state, limits, stop.cancelled_owned()).await?;
+    if let Some(probes) = probes {
+        probes.await??;
+    }
     db.close();
     if config.db_read_pool_size > 0 {
         reads.close();

@@ -81,6 +81,21 @@ impl Default for ServeOptions {
     }
 }
 
+/// Most connections of the probe listener at once: a balancer or two and an
+/// orchestrator check it, a few connections each.
+pub const PROBE_MAX_CONNECTIONS: usize = 64;
+
+/// The probe listener's limits: [`PROBE_MAX_CONNECTIONS`], every address
+/// alike (no PROXY header), and the main listener's header-read timeout.
+pub fn probe_options(main: &ServeOptions) -> ServeOptions {
+    ServeOptions {
+        max_connections: PROBE_MAX_CONNECTIONS,
+        max_connections_per_address: PROBE_MAX_CONNECTIONS,
+        header_read_timeout: main.header_read_timeout,
+        ..ServeOptions::default()
+    }
+}
+
 /// Serve `state`'s router on `listener` until `shutdown` completes; then stop
 /// accepting, let in-flight requests finish, close idle connections, return.
 pub async fn serve_with(
@@ -89,9 +104,39 @@ pub async fn serve_with(
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let metrics = state.metrics.clone();
-    let draining = state.draining.clone();
-    let router = crate::app(state);
+    let (metrics, draining) = (state.metrics.clone(), state.draining.clone());
+    serve_router(
+        listener,
+        crate::app(state),
+        metrics,
+        draining,
+        options,
+        shutdown,
+    )
+    .await
+}
+
+/// Serve the probes alone ([`crate::http::probes`]) on `listener`, with
+/// `options`' limits of their own, until `shutdown` completes.
+pub async fn serve_probes(
+    listener: TcpListener,
+    state: AppState,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (metrics, draining) = (state.metrics.clone(), state.draining.clone());
+    let router = crate::http::probes(state);
+    serve_router(listener, router, metrics, draining, options, shutdown).await
+}
+
+async fn serve_router(
+    listener: TcpListener,
+    router: axum::Router,
+    metrics: Arc<crate::metrics::Metrics>,
+    draining: tokio_util::sync::CancellationToken,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

@@ -22,6 +22,13 @@ pub(super) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(metrics_text))
 }
 
+/// `/healthz` and `/readyz` alone, for the probe listener.
+pub(super) fn probes() -> axum::Router<AppState> {
+    axum::Router::new()
+        .route("/healthz", axum::routing::get(healthz))
+        .route("/readyz", axum::routing::get(readyz))
+}
+
 /// `{"status": ...}`
 #[derive(Serialize, ToSchema)]
 pub struct Status {

@@ -106,6 +106,18 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The probes alone (`/healthz`, `/readyz`), for a listener of their own
+/// (`--probe-listen`): the balancer's and the orchestrator's checks, which
+/// a flood of clients would otherwise find refused at the main listener's
+/// connection cap.
+pub fn probes(state: AppState) -> Router {
+    health::probes()
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(CatchPanicLayer::custom(panic_response))
+        .with_state(state)
+}
+
 fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
     ApiError::Internal("handler panicked".into()).into_response()
 }

@@ -154,6 +154,51 @@ async fn connections_beyond_the_cap_are_refused_at_once_and_served_again_once_pl
     api.put_fenced("p", "served again", 2).await.expect(200);
 }
 
+/// Every connection of the main address taken: a health check there is
+/// refused like any request, and a balancer checking there would take the
+/// gateway out of rotation. The probe address answers it at once, and
+/// serves nothing but the probes.
+#[tokio::test]
+async fn the_probe_address_answers_while_every_connection_is_taken() {
+    let timeout = Duration::from_secs(5);
+    let (gw, api, _) = gateway_with(
+        keyed(FenceCheck::Enforce)
+            .max_connections(2)
+            .header_read_timeout(timeout),
+    )
+    .await;
+    drop(api);
+    wait_open_connections(&gw, 0).await;
+    let probe_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let probes = probe_listener.local_addr().unwrap();
+    let options = gateway::server::probe_options(&gateway::ServeOptions::default());
+    let serving = tokio::spawn(gateway::server::serve_probes(
+        probe_listener,
+        gw.state().clone(),
+        options,
+        std::future::pending(),
+    ));
+    let _first = stalled_client(gw.addr()).await;
+    let _second = stalled_client(gw.addr()).await;
+    wait_open_connections(&gw, 2).await;
+
+    let ask = |addr, path: &'static str| async move {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        answer_within(stream, timeout).await
+    };
+    refusal(&ask(gw.addr(), "/healthz").await, "too_many_connections");
+    for path in ["/healthz", "/readyz"] {
+        let answer = ask(probes, path).await;
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{path}: {answer}");
+    }
+    let answer = ask(probes, "/pages/p").await;
+    assert!(answer.starts_with("HTTP/1.1 404 "), "{answer}");
+    assert!(answer.contains("no route for GET /pages/p"), "{answer}");
+    serving.abort();
+}
+
 #[tokio::test]
 async fn one_address_cannot_take_every_connection() {
     let timeout = Duration::from_secs(2);

@@ -83,6 +83,18 @@ impl GatewayProc {
         clients: &[String],
         port: u16,
     ) -> anyhow::Result<Self> {
+        Self::spawn_with_args(database_url, fencing, issuers, clients, port, &[]).await
+    }
+
+    /// [`GatewayProc::spawn_for`] with `extra` flags after the usual ones.
+    pub async fn spawn_with_args(
+        database_url: &str,
+        fencing: bool,
+        issuers: &[(String, String)],
+        clients: &[String],
+        port: u16,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
         let log = tempfile::Builder::new()
             .prefix("gateway-")
             .suffix(".log")
@@ -115,6 +127,7 @@ impl GatewayProc {
                 args.extend(["--page-issuers".to_string(), page_issuers(issuers)]);
             }
         }
+        args.extend(extra.iter().cloned());
         setup(database_url).await?;
         let mut me = Self {
             child: None,
