@@ -161,6 +161,8 @@ impl Stack {
             ("STACK_POSTGRES_STANDBY_PORT".into(), port()),
             ("STACK_GATEWAY_1_PORT".into(), gateways[0].to_string()),
             ("STACK_GATEWAY_2_PORT".into(), gateways[1].to_string()),
+            ("STACK_GATEWAY_1_PROBE_PORT".into(), port()),
+            ("STACK_GATEWAY_2_PROBE_PORT".into(), port()),
             ("STACK_REDIS_PORT".into(), port()),
             ("STACK_MARIADB_PORT".into(), port()),
             ("STACK_REDLOCK_PORTS".into(), redlock.join(" ")),

@@ -180,11 +180,14 @@ fn gateways_follow_the_primary_and_the_fenced_ones_sit_behind_the_balancer() {
     let without_listen = |name: &str| {
         let mut env = defaults(&services[name]);
         let listen = env.remove("GATEWAY_LISTEN").expect("GATEWAY_LISTEN");
-        (env, listen)
+        let probes = env
+            .remove("GATEWAY_PROBE_LISTEN")
+            .expect("GATEWAY_PROBE_LISTEN");
+        (env, (listen, probes))
     };
     let (one, listen_1) = without_listen("gateway");
     let (two, listen_2) = without_listen("gateway-2");
-    assert_eq!(one, two, "gateway and gateway-2 differ beyond their port");
+    assert_eq!(one, two, "gateway and gateway-2 differ beyond their ports");
     assert_ne!(listen_1, listen_2);
 
     // Every gateway (the unfenced one too) names the primary and the standby
@@ -260,7 +263,7 @@ fn gateways_follow_the_primary_and_the_fenced_ones_sit_behind_the_balancer() {
 
     // The balancer: the official haproxy image with demo/haproxy, published
     // where the tutorial's curls go, health-checking exactly the fenced
-    // gateways on /readyz.
+    // gateways on /readyz, at their probe addresses.
     let balancer = &services["balancer"];
     assert!(balancer["image"]
         .as_str()
@@ -285,7 +288,8 @@ fn gateways_follow_the_primary_and_the_fenced_ones_sit_behind_the_balancer() {
         .map(|name| {
             let env = defaults(&services[name]);
             let port = port_of(&env["GATEWAY_LISTEN"]);
-            format!("{name} {name}:{port} check")
+            let probes = port_of(&env["GATEWAY_PROBE_LISTEN"]);
+            format!("{name} {name}:{port} check port {probes}")
         })
         .collect();
     assert_eq!(

@@ -226,7 +226,7 @@ fn an_exported_backend_reaches_the_straggler() {
 /// the user sees.
 fn connection_shape(name: &str, value: &str) -> String {
     match name {
-        "GATEWAY_LISTEN" | "WORKER_GATEWAY" => {
+        "GATEWAY_LISTEN" | "GATEWAY_PROBE_LISTEN" | "WORKER_GATEWAY" => {
             value.rsplit(':').next().unwrap_or_default().to_owned()
         }
         // The balancer's address differs (a container's, a loopback one):

@@ -50,7 +50,7 @@ fn url_endpoints(url: &str) -> Vec<(String, u16)> {
 fn endpoints(name: &str, value: &str) -> Vec<(String, u16)> {
     match name {
         // Addresses or host names without a port (trusted proxies: checked below).
-        "GATEWAY_LISTEN" | "GATEWAY_TRUSTED_PROXIES" => Vec::new(),
+        "GATEWAY_LISTEN" | "GATEWAY_PROBE_LISTEN" | "GATEWAY_TRUSTED_PROXIES" => Vec::new(),
         "ZOOKEEPER_CONNECT" => host_list(value, 2181),
         // `user:password@` once, before the first sentinel.
         "REDIS_SENTINELS" => host_list(value.rsplit_once('@').map_or(value, |(_, h)| h), 26379),
@@ -90,7 +90,12 @@ fn service_ports(services: &BTreeMap<String, Value>, name: &str) -> BTreeSet<u16
     let service = &services[name];
     let env = defaults(service);
     if our_binary(service).as_deref() == Some("gateway") {
-        return BTreeSet::from([port_of(&env["GATEWAY_LISTEN"])]);
+        let probes = env.get("GATEWAY_PROBE_LISTEN").map(|p| port_of(p));
+        return BTreeSet::from_iter(
+            [Some(port_of(&env["GATEWAY_LISTEN"])), probes]
+                .into_iter()
+                .flatten(),
+        );
     }
     if our_binary(service).is_some() {
         return BTreeSet::new(); // workers listen on nothing
