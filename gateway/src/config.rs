@@ -101,6 +101,27 @@ pub enum Command {
 }
 
 impl Cli {
+    /// Parse `args` (the program's name first), exiting with clap's message
+    /// on an error. `setup` is parsed on its own: parsed beside the serve
+    /// flags, any of their environment variables (a `GATEWAY_MAX_STREAMS`
+    /// in the operator's shell) made clap read the whole line as serve
+    /// flags and ask for `--database-url`.
+    pub fn parse_args(args: Vec<std::ffi::OsString>) -> Command {
+        use clap::{CommandFactory, FromArgMatches, Parser};
+        if args.get(1).is_some_and(|a| a == "setup") {
+            let setup = <Cli as CommandFactory>::command()
+                .find_subcommand("setup")
+                .expect("the setup subcommand")
+                .clone()
+                .bin_name("gateway setup");
+            let matches = setup.get_matches_from(&args[1..]);
+            return Command::Setup(
+                SetupConfig::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()),
+            );
+        }
+        Cli::parse_from(args).command()
+    }
+
     /// The command to run: `serve` when none is named.
     pub fn command(self) -> Command {
         match (self.command, self.serve) {

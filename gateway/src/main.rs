@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
 use gateway::setup::SetupConfig;
 use gateway::{AppState, Cli, Command, Config, Trust};
 use tracing_subscriber::EnvFilter;
@@ -18,7 +17,7 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = gateway::secrets::load_secrets_file() {
         refuse(e);
     }
-    let command = Cli::parse().command();
+    let command = Cli::parse_args(std::env::args_os().collect());
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()

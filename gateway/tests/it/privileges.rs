@@ -229,6 +229,33 @@ async fn setup_is_idempotent_and_names_a_missing_role() {
     );
 }
 
+/// `gateway setup` parses its own flags whatever serve variables the
+/// operator's environment holds: parsed beside the serve flags, one
+/// `GATEWAY_MAX_STREAMS` made clap read the line as serve flags and refuse
+/// it for want of `--database-url`.
+#[tokio::test]
+async fn the_setup_binary_ignores_the_serve_variables_of_its_environment() {
+    let db = seeded().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["setup", "--database-url", &db.owner])
+        .args(["--gateway-role", &db.roles.gateway])
+        .args(["--unfenced-role", &db.roles.unfenced])
+        .args(["--issuer-role", &db.roles.issuer])
+        .args(["--lock-client-role", &db.roles.lock_client])
+        .env("GATEWAY_MAX_STREAMS", "4000")
+        .env("GATEWAY_LISTEN", "127.0.0.1:1")
+        .env("RUST_LOG", "gateway=warn")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The positive control: the gateway's core paths on its own login, with
 /// exactly the rights setup gave it: the fenced PUT and GET (the common
 /// statement, the locked one, the insert path), the refusals (the issuer
