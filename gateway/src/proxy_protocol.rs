@@ -5,6 +5,7 @@
 //! start with a valid header is closed. Anybody else's connection is HTTP
 //! from its first byte, so a client cannot claim another address.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -26,14 +27,15 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The balancers whose connections carry a PROXY header: IP addresses, and
 /// host names resolved at start and every [`REFRESH`] after. A name that
-/// does not resolve trusts nobody until it does (fail closed): its last
-/// address may have gone to another host.
+/// never resolved trusts nobody. One whose lookup fails keeps the addresses
+/// of its last good one: a resolver that fails for a moment (podman's did,
+/// for 2 s, while a container started) must not cut the balancer off.
 #[derive(Debug, Clone, Default)]
 pub struct TrustedProxies {
     addresses: Vec<IpAddr>,
     names: Vec<String>,
-    /// The names' addresses at their last resolution.
-    resolved: Arc<RwLock<Vec<IpAddr>>>,
+    /// Each name's addresses at its last good resolution.
+    resolved: Arc<RwLock<BTreeMap<String, Vec<IpAddr>>>>,
 }
 
 impl PartialEq for TrustedProxies {
@@ -68,7 +70,8 @@ impl TrustedProxies {
                 .resolved
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
-                .contains(&ip)
+                .values()
+                .any(|addresses| addresses.contains(&ip))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -81,29 +84,29 @@ impl TrustedProxies {
         addresses.chain(self.names.iter().cloned()).collect()
     }
 
-    /// Resolve the names now; their addresses replace the previous ones.
+    /// Resolve the names now: each one that resolves gets its new
+    /// addresses; one whose lookup fails keeps its previous ones.
     pub async fn resolve(&self) {
-        if self.names.is_empty() {
-            return;
-        }
-        let mut found = Vec::new();
         for name in &self.names {
-            match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name.as_str(), 0)))
-                .await
-            {
-                Ok(Ok(addrs)) => found.extend(addrs.map(|a| a.ip())),
-                Ok(Err(e)) => tracing::debug!(name, "trusted proxy does not resolve: {e}"),
-                Err(_) => {
-                    tracing::debug!(name, "trusted proxy: no answer within {RESOLVE_TIMEOUT:?}")
+            let lookup = tokio::net::lookup_host((name.as_str(), 0));
+            let mut found: Vec<IpAddr> = match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
+                Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+                Ok(Err(e)) => {
+                    tracing::debug!(name, "trusted proxy did not resolve: {e}");
+                    continue;
                 }
+                Err(_) => {
+                    tracing::debug!(name, "trusted proxy: no answer within {RESOLVE_TIMEOUT:?}");
+                    continue;
+                }
+            };
+            found.sort();
+            found.dedup();
+            let mut resolved = self.resolved.write().unwrap_or_else(|e| e.into_inner());
+            if resolved.get(name) != Some(&found) {
+                tracing::info!(name, addresses = ?found, "trusted proxy resolved");
+                resolved.insert(name.clone(), found);
             }
-        }
-        found.sort();
-        found.dedup();
-        let mut resolved = self.resolved.write().unwrap_or_else(|e| e.into_inner());
-        if *resolved != found {
-            tracing::info!(names = ?self.names, addresses = ?found, "trusted proxies resolved");
-            *resolved = found;
         }
     }
 
@@ -190,6 +193,26 @@ mod tests {
         assert!(TrustedProxies::parse("bal_ancer").is_err());
         assert!(TrustedProxies::parse("10.0.0.0/8").is_err());
         assert!(TrustedProxies::parse("-x").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_name_whose_lookup_fails_keeps_its_last_addresses() {
+        // `.invalid` never resolves (RFC 6761).
+        let t = TrustedProxies::parse("balancer.invalid").unwrap();
+        t.resolve().await;
+        assert!(
+            !t.contains("127.0.0.9".parse().unwrap()),
+            "never resolved: nobody"
+        );
+        t.resolved.write().unwrap().insert(
+            "balancer.invalid".into(),
+            vec!["127.0.0.9".parse().unwrap()],
+        );
+        t.resolve().await;
+        assert!(
+            t.contains("127.0.0.9".parse().unwrap()),
+            "a failed lookup keeps the last good addresses"
+        );
     }
 
     #[tokio::test]
