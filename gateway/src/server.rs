@@ -104,12 +104,10 @@ pub async fn serve_with(
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let (metrics, draining) = (state.metrics.clone(), state.draining.clone());
     serve_router(
         listener,
-        crate::app(state),
-        metrics,
-        draining,
+        crate::app(state.clone()),
+        &state,
         options,
         shutdown,
     )
@@ -124,19 +122,20 @@ pub async fn serve_probes(
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let (metrics, draining) = (state.metrics.clone(), state.draining.clone());
-    let router = crate::http::probes(state);
-    serve_router(listener, router, metrics, draining, options, shutdown).await
+    let router = crate::http::probes(state.clone());
+    serve_router(listener, router, &state, options, shutdown).await
 }
 
+/// `router` on `listener`, counting connections in `state`'s metrics and
+/// ending its event streams on shutdown.
 async fn serve_router(
     listener: TcpListener,
     router: axum::Router,
-    metrics: Arc<crate::metrics::Metrics>,
-    draining: tokio_util::sync::CancellationToken,
+    state: &AppState,
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let (metrics, draining) = (state.metrics.clone(), state.draining.clone());
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

@@ -115,11 +115,14 @@ impl Server {
         if let Some(c) = self.conn.lock().expect("redis conn mutex").clone() {
             return Ok(c);
         }
-        let connecting = self
-            .connecting
-            .lock()
-            .expect("redis connecting mutex")
-            .get_or_insert_with(|| {
+        let connecting = {
+            let mut slot = self.connecting.lock().expect("redis connecting mutex");
+            // Another caller may have kept a fresh connection since the check
+            // above (it does so under this lock): use it, make none more.
+            if let Some(c) = self.conn.lock().expect("redis conn mutex").clone() {
+                return Ok(c);
+            }
+            slot.get_or_insert_with(|| {
                 let (source, config, issuer) =
                     (self.source.clone(), self.config.clone(), self.issuer);
                 let task = tokio::spawn(async move { source.connect(&config, issuer).await });
@@ -131,7 +134,8 @@ impl Server {
                 .boxed()
                 .shared()
             })
-            .clone();
+            .clone()
+        };
         let made = connecting.clone().await;
         // The first caller back keeps the connection (or, after a failure,
         // lets the next call try afresh).

@@ -251,15 +251,8 @@ async fn a_lookup_abandoned_by_its_caller_does_not_keep_a_silent_connection() {
     );
 }
 
-/// A server that takes longer to connect to than any caller waits (a slow
-/// name lookup or handshake; here the proxy holds each new connection's
-/// first bytes 700 ms) is still reached: the reconnect goes on after its
-/// caller gave up, and a later caller takes it over. When the reconnect ran
-/// in the caller's own future, every lookup given 500 ms cancelled it, and
-/// the gateway answered `issuer_unavailable` until it was restarted.
-#[tokio::test]
-async fn a_reconnect_slower_than_its_callers_still_completes() {
-    let mut redis = secured().await;
+/// A proxy in front of `redis`, and a worker's lock service through it.
+async fn through_proxy(redis: &Redis) -> (DelayProxy, RedisLock) {
     let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into())
         .await
         .unwrap();
@@ -270,6 +263,19 @@ async fn a_reconnect_slower_than_its_callers_still_completes() {
     ))
     .await
     .unwrap();
+    (proxy, svc)
+}
+
+/// A server that takes longer to connect to than any caller waits (a slow
+/// name lookup or handshake; here the proxy holds each new connection's
+/// first bytes 700 ms) is still reached: the reconnect goes on after its
+/// caller gave up, and a later caller takes it over. When the reconnect ran
+/// in the caller's own future, every lookup given 500 ms cancelled it, and
+/// the gateway answered `issuer_unavailable` until it was restarted.
+#[tokio::test]
+async fn a_reconnect_slower_than_its_callers_still_completes() {
+    let mut redis = secured().await;
+    let (proxy, svc) = through_proxy(&redis).await;
     assert_eq!(svc.current_holder("page").await, Ok(None));
     proxy.delay_setup(Duration::from_millis(700));
     // The kept connection dies with the server; every new one is slow.
@@ -425,16 +431,7 @@ async fn a_dead_fair_waiter_is_skipped_once_its_place_lapses() {
 #[tokio::test]
 async fn a_waiter_stopped_mid_subscribe_does_not_hold_up_the_next_waiter() {
     let redis = secured().await;
-    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into())
-        .await
-        .unwrap();
-    let svc = RedisLock::connect(&via_proxy(
-        &redis.url_as(WORKER),
-        redis.port(),
-        proxy.port(),
-    ))
-    .await
-    .unwrap();
+    let (proxy, svc) = through_proxy(&redis).await;
     let ttl = Duration::from_secs(30);
     let lease = held(&service(&redis).await, "page", ttl).await;
     let mut first = Box::pin(svc.acquire("page", ttl, Duration::from_secs(60)));
